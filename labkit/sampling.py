@@ -1,0 +1,138 @@
+"""Stage 3, sample: pick the next token from the logits.
+
+The filters run in the conventional order (the one transformers uses):
+
+    repetition penalty -> temperature -> top-k -> top-p -> min-p -> softmax -> draw
+
+`distribution` returns the final probabilities, so a chart can show which
+tokens were kept and which were cut; `sample` also draws a token from them.
+Greedy (and temperature 0) picks the most likely token; its distribution is
+one-hot on that token, since that is what it "samples" from.
+
+A seed gives a run its own `torch.Generator`, so results repeat without
+touching the global random state.
+
+Beam search keeps several sequences at once, so it lives in `generate`
+(`method="beam"`), not here. Left out: typical-p, eta/epsilon sampling,
+frequency/presence penalties.
+"""
+
+from __future__ import annotations
+
+import torch
+
+METHODS = ("greedy", "temperature", "top_k", "top_p", "min_p")
+DEFAULTS = {"top_k": 50, "top_p": 0.9, "min_p": 0.05}
+
+
+def check_sampling(method: str = "greedy", temperature: float = 1.0, top_k: int | None = None,
+                   top_p: float | None = None, min_p: float | None = None,
+                   repetition_penalty: float = 1.0) -> None:
+    """Raise a ValueError naming the parameter and its allowed values."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)} (or 'beam' in generate), got {method!r}")
+    if not isinstance(temperature, (int, float)) or temperature != temperature or temperature < 0:
+        raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}")
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+        raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}")
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if min_p is not None and not (isinstance(min_p, (int, float)) and 0 <= min_p <= 1):
+        raise ValueError(f"min_p must be in [0, 1], got {min_p!r}")
+    if not (isinstance(repetition_penalty, (int, float)) and repetition_penalty > 0):
+        raise ValueError(f"repetition_penalty must be > 0 (1 means none), got {repetition_penalty!r}")
+
+
+def apply_repetition_penalty(logits: torch.Tensor, previous_ids, penalty: float) -> torch.Tensor:
+    """Make tokens already in the text less likely (CTRL's rule): a positive
+    logit is divided by the penalty, a negative one multiplied by it."""
+    if penalty == 1.0 or previous_ids is None or len(previous_ids) == 0:
+        return logits
+    idx = torch.as_tensor(previous_ids, dtype=torch.long, device=logits.device).unique()
+    chosen = logits[idx]
+    logits = logits.clone()
+    logits[idx] = torch.where(chosen > 0, chosen / penalty, chosen * penalty)
+    return logits
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k largest logits, set the rest to -inf."""
+    k = min(k, logits.shape[-1])
+    kth = logits.topk(k).values[-1]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Nucleus: keep the smallest set of most likely tokens whose mass reaches p."""
+    probs, order = logits.softmax(-1).sort(descending=True)
+    mass_before = probs.cumsum(-1) - probs       # mass of the tokens ranked above each one
+    drop_sorted = mass_before >= p               # the set already reached p without it
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Keep tokens at least min_p times as likely as the most likely one."""
+    probs = logits.softmax(-1)
+    return logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
+
+
+def distribution(logits: torch.Tensor, method: str = "greedy", *, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+                 repetition_penalty: float = 1.0, previous_ids=None) -> torch.Tensor:
+    """The probabilities (vocab,) that `sample` draws from, in fp32.
+
+    method picks the filter ("top_k" uses top_k, default 50; "top_p" uses top_p,
+    default 0.9; "min_p" uses min_p, default 0.05); any other filter whose
+    parameter is given applies too, as in transformers.
+    """
+    check_sampling(method, temperature, top_k, top_p, min_p, repetition_penalty)
+    logits = torch.as_tensor(logits)
+    if logits.dim() != 1:
+        raise ValueError(f"logits must be one position's scores, shape (vocab,), got {tuple(logits.shape)}")
+    logits = logits.float()
+    if torch.isnan(logits).any():
+        raise ValueError("logits contain NaN")
+    logits = apply_repetition_penalty(logits, previous_ids, repetition_penalty)
+    if method == "greedy" or temperature == 0:
+        return torch.zeros_like(logits).scatter_(0, logits.argmax().view(1), 1.0)
+    if method in DEFAULTS:
+        top_k = top_k if method != "top_k" else (top_k or DEFAULTS["top_k"])
+        top_p = top_p if method != "top_p" else (top_p or DEFAULTS["top_p"])
+        min_p = min_p if method != "min_p" else (min_p if min_p is not None else DEFAULTS["min_p"])
+    # Dividing in fp32 and letting softmax subtract the maximum keeps
+    # temperatures from 1e-4 to 100 free of inf and NaN.
+    logits = logits / temperature
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    if top_p is not None and top_p < 1:
+        logits = top_p_filter(logits, top_p)
+    if min_p:
+        logits = min_p_filter(logits, min_p)
+    return logits.softmax(-1)
+
+
+def make_generator(seed: int | None, device: str | torch.device = "cpu") -> torch.Generator | None:
+    """A private random stream (None: use the global one)."""
+    if seed is None:
+        return None
+    g = torch.Generator(device=device)
+    g.manual_seed(int(seed))
+    return g
+
+
+def sample(logits: torch.Tensor, method: str = "greedy", *, temperature: float = 1.0,
+           top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+           repetition_penalty: float = 1.0, previous_ids=None, seed: int | None = None,
+           generator: torch.Generator | None = None) -> tuple[int, torch.Tensor]:
+    """Pick the next token. Returns (token_id, probs), probs being the final
+    distribution it was drawn from (see `distribution`)."""
+    probs = distribution(logits, method, temperature=temperature, top_k=top_k, top_p=top_p,
+                         min_p=min_p, repetition_penalty=repetition_penalty,
+                         previous_ids=previous_ids)
+    if method == "greedy" or temperature == 0:
+        return int(probs.argmax()), probs
+    if generator is None:
+        generator = make_generator(seed, probs.device)
+    token = torch.multinomial(probs, 1, generator=generator)
+    return int(token), probs

@@ -1,0 +1,95 @@
+"""Counting work and bytes: FLOPs, bytes moved and arithmetic intensity of a forward pass.
+
+These are the formulas behind the roofline argument of notebooks 04 and 07:
+
+    FLOPs of a matmul (m x k) @ (k x n)  = 2 m k n   (one multiply + one add)
+    prefill of T tokens  ~ 2 x params x T     FLOPs, reading the weights once
+    one decode step      ~ 2 x params         FLOPs, reading the weights once
+                                              and the whole KV cache
+
+so prefill does ~T times more arithmetic per byte read (compute-bound) while
+a decode step does 2 FLOPs per 4-byte fp32 weight, 0.5 FLOP per byte: far
+below any machine's ridge point (memory-bandwidth-bound).
+
+Counted: every matmul of the blocks (projections, attention scores and
+weighted sum, MLP) and the LM head. Left out, because they are small next to
+those: norms, softmax, RoPE, activations, residual additions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .transformer import ModelConfig
+
+
+def matmul_params(c: ModelConfig) -> int:
+    """Weights that multiply activations in one forward pass (embedding lookup excluded;
+    the LM head included even when it is tied to the embedding)."""
+    d, hs = c.d_model, c.head_dim
+    attn = d * c.n_heads * hs + 2 * d * c.n_kv_heads * hs + c.n_heads * hs * d   # q, k, v, o
+    n_mlp = 2 if c.family == "gpt2" else 3                                       # GELU: up, down; SwiGLU: gate, up, down
+    mlp = n_mlp * d * c.d_ff
+    return c.n_layers * (attn + mlp) + d * c.vocab_size
+
+
+def forward_flops(c: ModelConfig, n_tokens: int, n_cached: int = 0, last_only: bool = False) -> int:
+    """FLOPs of one forward pass over n_tokens new tokens after n_cached cached ones.
+
+    last_only: count the LM head for the last position only (what generation needs).
+    """
+    d, hs = c.d_model, c.head_dim
+    per_token_blocks = 2 * (matmul_params(c) - d * c.vocab_size)
+    # Attention: query i attends to n_cached + i + 1 keys; scores (q.k) and the
+    # weighted sum (p.v) are each 2 x head_size FLOPs per key per head.
+    keys = n_tokens * n_cached + n_tokens * (n_tokens + 1) // 2
+    attention = c.n_layers * c.n_heads * 2 * (2 * hs) * keys
+    head_tokens = 1 if last_only else n_tokens
+    return per_token_blocks * n_tokens + attention + 2 * d * c.vocab_size * head_tokens
+
+
+def kv_bytes_per_token(c: ModelConfig, bytes_per_value: int = 2) -> int:
+    """2 (K and V) x layers x kv_heads x head_size x bytes per value."""
+    return 2 * c.n_layers * c.n_kv_heads * c.head_dim * bytes_per_value
+
+
+def forward_bytes(c: ModelConfig, weight_bytes: int, n_tokens: int, n_cached: int = 0,
+                  bytes_per_value: int = 4, batch_size: int = 1) -> int:
+    """Bytes a forward pass must move at least: every weight once (shared by the
+    batch), each sequence's cached K/V read, the new K/V written."""
+    kv = kv_bytes_per_token(c, bytes_per_value) * (n_cached + n_tokens) * batch_size
+    return weight_bytes + kv
+
+
+@dataclass
+class Workload:
+    name: str
+    flops: float
+    bytes: float
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity: FLOPs per byte moved."""
+        return self.flops / self.bytes
+
+
+def prefill_workload(model, n_tokens: int, batch_size: int = 1) -> Workload:
+    c = model.config
+    flops = forward_flops(c, n_tokens, last_only=True) * batch_size
+    nbytes = forward_bytes(c, model.weight_nbytes, n_tokens, 0, model.hf.lm_head.weight.element_size(),
+                           batch_size)
+    return Workload(f"prefill {n_tokens} tokens" + (f" x {batch_size}" if batch_size > 1 else ""),
+                    flops, nbytes)
+
+
+def decode_workload(model, n_cached: int, batch_size: int = 1) -> Workload:
+    c = model.config
+    flops = forward_flops(c, 1, n_cached) * batch_size
+    nbytes = forward_bytes(c, model.weight_nbytes, 1, n_cached, model.hf.lm_head.weight.element_size(),
+                           batch_size)
+    return Workload("decode step" + (f" x {batch_size}" if batch_size > 1 else ""), flops, nbytes)
+
+
+def ridge_point(peak_flops: float, bandwidth: float) -> float:
+    """The intensity (FLOP/byte) above which a machine is compute-bound."""
+    return peak_flops / bandwidth

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+from transformers.pytorch_utils import Conv1D
 
 from .kv_cache import KVCache
 from .trace import Trace
@@ -88,6 +90,20 @@ class ModelConfig:
 # ----------------------------------------------------------------------------
 # The pieces of a block, as functions of tensors
 # ----------------------------------------------------------------------------
+
+def linear(x: torch.Tensor, layer) -> torch.Tensor:
+    """x @ W.T + b for one projection layer of the loaded model.
+
+    nn.Linear stores W as (out, in); GPT-2's Conv1D stores it as (in, out), so
+    x @ W + b. A quantized layer (labkit.quantize) holds int8 or int4 weights
+    and brings its own kernel, so it is simply called."""
+    if isinstance(layer, nn.Linear):
+        return F.linear(x, layer.weight, layer.bias)
+    if isinstance(layer, Conv1D):
+        out = torch.addmm(layer.bias, x.reshape(-1, x.shape[-1]), layer.weight)
+        return out.view(*x.shape[:-1], -1)
+    return layer(x)
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) * weight. Computed in fp32, as transformers does,
@@ -187,13 +203,18 @@ class Model:
 
     # -- facts ----------------------------------------------------------------
 
+    # The token embedding table sets device and dtype: a quantized model
+    # (labkit.quantize) keeps it in floating point, while its projection
+    # layers and LM head hold int8 or int4 weights.
+
     @property
     def device(self) -> torch.device:
-        return self.hf.lm_head.weight.device
+        return self.hf.get_input_embeddings().weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.hf.lm_head.weight.dtype
+        """The dtype of activations and of the KV cache."""
+        return self.hf.get_input_embeddings().weight.dtype
 
     @property
     def n_params(self) -> int:
@@ -202,8 +223,17 @@ class Model:
 
     @property
     def weight_nbytes(self) -> int:
-        """Bytes of weights a decode step reads (each tensor once)."""
-        return sum(p.numel() * p.element_size() for p in self.hf.parameters())
+        """Bytes of weights a decode step reads, each tensor once.
+
+        Every block's weights and the LM head are read in full. Of an
+        embedding table only one row per token is read, so it counts only
+        when it is also the LM head (tied embeddings, as in SmolLM2).
+        Quantized layers keep their weights as buffers: they count too."""
+        head = getattr(self.hf.lm_head, "weight", None)
+        skip = {id(m.weight) for m in self.hf.modules()
+                if isinstance(m, nn.Embedding) and m.weight is not head}
+        tensors = {id(t): t for t in (*self.hf.parameters(), *self.hf.buffers()) if id(t) not in skip}
+        return sum(t.numel() * t.element_size() for t in tensors.values())
 
     def __repr__(self) -> str:
         c = self.config
@@ -245,31 +275,46 @@ class Model:
                              f"({self.config.max_len} tokens)")
         trace = Trace() if record else None
         by_hand = record or self.attention == "manual"
-        t0 = time.perf_counter()
+
+        def attend(i, q, k, v):
+            return self._attend(i, q, k, v, start, cache, trace, by_hand)
 
         positions = torch.arange(start, start + T, device=self.device)
-        x = self.embed(ids, positions)                                  # (B, T, d)
-        rope = self._rope(positions, x.dtype) if self.config.family == "llama" else None
-        if trace:
-            trace.hidden.append(x)
-        for i, block in enumerate(self.blocks):
-            if self.config.family == "llama":
-                x = self._llama_block(i, block, x, rope, start, cache, trace, by_hand)
-            else:
-                x = self._gpt2_block(i, block, x, start, cache, trace, by_hand)
-            if trace:
-                trace.hidden.append(x)
-                trace.layer_seconds.append(time.perf_counter() - t0 - sum(trace.layer_seconds))
-        logits = self.unembed(x)                                        # (B, T, vocab)
+        logits = self.run_blocks(ids, positions, attend, trace)         # (B, T, vocab)
         if cache is not None:
             cache.length += T
         if not batched:
             logits = logits[0]
         if trace is None:
             return logits
-        trace.seconds = time.perf_counter() - t0
         trace.finish(batched)
         return logits, trace
+
+    def run_blocks(self, ids: torch.Tensor, positions: torch.Tensor, attend, trace: Trace | None = None):
+        """Embeddings -> every block -> logits, for ids (B, T) at `positions` (T,).
+
+        attend(layer, q, k, v) stores the new K, V wherever the caller keeps
+        them and returns the attention output (B, T, heads * hs). `forward`
+        passes one that uses a KVCache; labkit.fast passes one whose position
+        is a tensor, so a CUDA graph can replay the same step at every position.
+        """
+        t0 = time.perf_counter()
+        x = self.embed(ids, positions)                                  # (B, T, d)
+        rope = self._rope(positions, x.dtype) if self.config.family == "llama" else None
+        if trace:
+            trace.hidden.append(x)
+        for i, block in enumerate(self.blocks):
+            if self.config.family == "llama":
+                x = self._llama_block(i, block, x, rope, attend)
+            else:
+                x = self._gpt2_block(i, block, x, attend)
+            if trace:
+                trace.hidden.append(x)
+                trace.layer_seconds.append(time.perf_counter() - t0 - sum(trace.layer_seconds))
+        logits = self.unembed(x)                                        # (B, T, vocab)
+        if trace:
+            trace.seconds = time.perf_counter() - t0
+        return logits
 
     __call__ = forward
 
@@ -295,7 +340,7 @@ class Model:
     def unembed(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: hidden states -> logits over the vocabulary.
         Applied to an intermediate layer's hidden state this is the logit lens."""
-        return F.linear(self._final_norm(x), self.hf.lm_head.weight)
+        return linear(self._final_norm(x), self.hf.lm_head)
 
     def _final_norm(self, x):
         n = self.final_norm
@@ -326,32 +371,30 @@ class Model:
         B, _, T, _ = out.shape
         return out.transpose(1, 2).reshape(B, T, -1)  # (B, T, heads * hs)
 
-    def _llama_block(self, i, block, x, rope, start, cache, trace, by_hand):
+    def _llama_block(self, i, block, x, rope, attend):
         c, a, mlp = self.config, block.self_attn, block.mlp
         B, T, _ = x.shape
         h = rms_norm(x, block.input_layernorm.weight, c.norm_eps)
-        q = F.linear(h, a.q_proj.weight, a.q_proj.bias).view(B, T, c.n_heads, c.head_dim).transpose(1, 2)
-        k = F.linear(h, a.k_proj.weight, a.k_proj.bias).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
-        v = F.linear(h, a.v_proj.weight, a.v_proj.bias).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
+        q = linear(h, a.q_proj).view(B, T, c.n_heads, c.head_dim).transpose(1, 2)
+        k = linear(h, a.k_proj).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
+        v = linear(h, a.v_proj).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)           # (B, heads, T, hs)
-        att = self._attend(i, q, k, v, start, cache, trace, by_hand)
-        x = x + F.linear(att, a.o_proj.weight, a.o_proj.bias)
+        att = attend(i, q, k, v)                                    # (B, T, heads * hs)
+        x = x + linear(att, a.o_proj)
         h = rms_norm(x, block.post_attention_layernorm.weight, c.norm_eps)
         # SwiGLU feed-forward: down(silu(gate(h)) * up(h))
-        gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
-        up = F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
-        return x + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+        gate = linear(h, mlp.gate_proj)
+        up = linear(h, mlp.up_proj)
+        return x + linear(F.silu(gate) * up, mlp.down_proj)
 
-    def _gpt2_block(self, i, block, x, start, cache, trace, by_hand):
+    def _gpt2_block(self, i, block, x, attend):
         c, a, mlp = self.config, block.attn, block.mlp
         B, T, d = x.shape
         h = F.layer_norm(x, (d,), block.ln_1.weight, block.ln_1.bias, c.norm_eps)
-        # GPT-2 stores its projections as Conv1D: weight is (in, out), so x @ W + b.
-        qkv = torch.addmm(a.c_attn.bias, h.view(-1, d), a.c_attn.weight).view(B, T, 3, c.n_heads, c.head_dim)
+        qkv = linear(h, a.c_attn).view(B, T, 3, c.n_heads, c.head_dim)   # one fused projection
         q, k, v = qkv.permute(2, 0, 3, 1, 4)                       # each (B, heads, T, hs)
-        att = self._attend(i, q, k, v, start, cache, trace, by_hand)
-        x = x + torch.addmm(a.c_proj.bias, att.view(-1, d), a.c_proj.weight).view(B, T, d)
+        att = attend(i, q, k, v)
+        x = x + linear(att, a.c_proj)
         h = F.layer_norm(x, (d,), block.ln_2.weight, block.ln_2.bias, c.norm_eps)
-        up = torch.addmm(mlp.c_fc.bias, h.view(-1, d), mlp.c_fc.weight)
-        down = torch.addmm(mlp.c_proj.bias, F.gelu(up, approximate="tanh"), mlp.c_proj.weight)
-        return x + down.view(B, T, d)
+        up = linear(h, mlp.c_fc)
+        return x + linear(F.gelu(up, approximate="tanh"), mlp.c_proj)

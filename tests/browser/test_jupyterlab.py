@@ -1,0 +1,126 @@
+"""Every notebook, run in JupyterLab in headless Chromium, as a student would.
+
+For each notebooks/NN_name.ipynb: open it (no "Select Kernel" dialog may
+appear), run all cells, wait until no cell shows [*], and check that
+
+- no cell ended in an error and no traceback shows on the page;
+- at least the expected number of plotly charts and of controls rendered;
+- moving a slider or clicking a button changes a chart in the same view;
+- the page asked nothing of any host but this machine (plotly.js, the widget
+  JavaScript and the fonts come from the local install).
+
+A screenshot of each notebook after the run (and of each view after the
+interaction) is saved to artifacts/browser/ for a person to look at.
+
+Each notebook runs once per session (the first test that needs it); the other
+tests read the same report. EXPECT below lists, per notebook, what must render
+and which interaction to try: a new notebook needs a line there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from conftest import NOTEBOOKS
+from labpage import Click, PageReport, Slide, Type, run_in_jupyterlab
+
+pytestmark = pytest.mark.browser
+
+
+@dataclass(frozen=True)
+class Expect:
+    charts: int = 0                 # at least this many plotly charts
+    controls: int = 0               # at least this many sliders / buttons / dropdowns / text boxes
+    interactions: tuple = ()        # tried in order; each must change a chart in its view
+
+
+EXPECT: dict[str, Expect] = {
+    "00_overview": Expect(charts=7, controls=9, interactions=(Click("step"), Click("step"))),
+    "01_tokenization": Expect(charts=6, controls=2, interactions=(Type("text", " Berlin"),)),
+    "02_embeddings": Expect(charts=1, controls=2, interactions=(Slide("position"),)),
+    "03_attention": Expect(charts=7, controls=2, interactions=(Slide("layer"), Slide("head"))),
+    "04_forward_pass": Expect(charts=2),
+    "05_sampling": Expect(charts=2, controls=6, interactions=(Slide("temperature"), Click("sample"))),
+    "06_kv_cache": Expect(charts=8, controls=10, interactions=(Click("step"), Slide("prompt length (tokens)", -4))),
+    "07_prefill_decode": Expect(charts=2),
+    "08_optimisations": Expect(charts=1),
+    "09_dashboard": Expect(charts=4, controls=8, interactions=(Click("step"),)),
+}
+
+NAMES = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+
+
+class LabRuns:
+    """Runs each notebook once, when a test first asks for it."""
+
+    def __init__(self, browser, server):
+        self.browser, self.server = browser, server
+        self.reports: dict[str, PageReport] = {}
+
+    def __call__(self, name: str) -> PageReport:
+        if name not in self.reports:
+            expect = EXPECT.get(name, Expect())
+            self.reports[name] = run_in_jupyterlab(self.browser, self.server, name, expect.interactions)
+        return self.reports[name]
+
+
+@pytest.fixture(scope="session")
+def lab_run(browser, lab_server, request):
+    runs = LabRuns(browser, lab_server)
+    request.config._labkit_browser_reports = runs.reports        # for the timing summary
+    return runs
+
+
+def ran(report: PageReport) -> None:
+    """Fail early (with the reason) when the notebook could not be run at all."""
+    shots = ", ".join(str(p) for p in report.screenshots)
+    if report.dialogs:
+        pytest.fail(f"a dialog appeared in JupyterLab: {report.dialogs} (screenshot: {shots})", pytrace=False)
+    if report.unfinished:
+        pytest.fail(f"{report.unfinished} (screenshot: {shots})", pytrace=False)
+
+
+def test_every_notebook_has_an_expectation():
+    missing = [n for n in NAMES if n not in EXPECT]
+    assert not missing, (f"add a line for {missing} to EXPECT in {__file__}: how many charts and controls "
+                         "its run must show, and which slider or button to try")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_runs_without_errors(lab_run, name):
+    report = lab_run(name)
+    ran(report)
+    assert not report.errors, f"{name}: " + "\n".join(report.errors)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_charts_and_controls_render(lab_run, name):
+    report = lab_run(name)
+    ran(report)
+    expect = EXPECT.get(name, Expect())
+    assert report.charts >= expect.charts, (
+        f"{name}: {report.charts} plotly charts rendered, expected at least {expect.charts}; "
+        f"titles: {report.titles}; JS errors: {report.page_errors[:5]}")
+    assert report.controls >= expect.controls, (
+        f"{name}: {report.controls} controls rendered, expected at least {expect.controls}")
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if EXPECT.get(n, Expect()).interactions])
+def test_controls_change_the_charts(lab_run, name):
+    report = lab_run(name)
+    ran(report)
+    failed = [f"{r.action}: {r.problem}" for r in report.interactions if not r.ok]
+    hint = ""
+    if any("Failed to initialize model" in e for e in report.page_errors):
+        hint = ("\n(anywidget reported 'Failed to initialize model': a FigureWidget took more than "
+                "anywidget's 2 s to start, and it then ignores every update from Python)")
+    assert not failed, f"{name}: " + "\n".join(failed) + hint
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_makes_no_outside_requests(lab_run, name):
+    report = lab_run(name)
+    assert not report.outside_requests, (
+        f"{name}: the page asked hosts other than this machine for: {sorted(set(report.outside_requests))}")

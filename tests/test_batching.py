@@ -1,0 +1,116 @@
+"""labkit.batching: the static vs continuous batching simulation."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from labkit import batching as B
+
+
+@pytest.fixture(scope="module")
+def busy():
+    """A queue that keeps the engine busy: arrivals faster than it can serve one at a time."""
+    return B.make_requests(n=30, rate_per_s=6.0, seed=1)
+
+
+def test_requests_are_deterministic():
+    a, b = B.make_requests(10, 2.0, seed=3), B.make_requests(10, 2.0, seed=3)
+    assert a == b and a != B.make_requests(10, 2.0, seed=4)
+    assert a[0].arrival_s == 0 and all(x.arrival_s <= y.arrival_s for x, y in zip(a, a[1:]))
+    assert all(16 <= r.prompt_len <= 128 and 4 <= r.output_len <= 96 for r in a)
+    with pytest.raises(ValueError):
+        B.make_requests(0)
+    with pytest.raises(ValueError):
+        B.make_requests(3, output_len=(5, 2))
+
+
+def test_cost_model():
+    c = B.CostModel(0.01, 0.002, 0.001)
+    assert c.step_s(0) == 0
+    assert c.step_s(4) == pytest.approx(0.018)
+    assert c.step_s(2, prefill_tokens=10) == pytest.approx(0.01 + 0.004 + 0.01)
+
+
+def test_cost_model_fitted_from_a_sweep():
+    sweep = SimpleNamespace(batch_sizes=[1, 2, 4, 8], decode_s=[0.012, 0.014, 0.018, 0.026],
+                            prefill_s=[0.016, 0.032, 0.064, 0.128], prompt_len=16)
+    c = B.CostModel.from_sweep(sweep)
+    assert c.decode_base_s == pytest.approx(0.010) and c.decode_per_seq_s == pytest.approx(0.002)
+    assert c.prefill_per_token_s == pytest.approx(0.001)
+    # Noise that tilts the line down never gives a negative cost per sequence.
+    noisy = SimpleNamespace(batch_sizes=[1, 2], decode_s=[0.02, 0.019], prefill_s=[0.01, 0.02], prompt_len=8)
+    assert B.CostModel.from_sweep(noisy).decode_per_seq_s == 0
+
+
+@pytest.mark.parametrize("policy", ["static", "continuous"])
+def test_every_request_gets_all_its_tokens(busy, policy):
+    r = B.simulate(busy, policy, max_batch=4)
+    produced = {q.id: 0 for q in busy}
+    for step in r.steps:
+        assert len(step.running) <= 4 and step.slots <= 4
+        for i in step.running:
+            produced[i] += 1
+    assert produced == {q.id: q.output_len for q in busy}
+    for rec in r.records:
+        assert rec.request.arrival_s <= rec.start_s < rec.first_token_s <= rec.finish_s
+    assert r.tokens == sum(q.output_len for q in busy)
+    # Steps follow each other without overlapping.
+    assert all(a.start_s + a.seconds <= b.start_s + 1e-12 for a, b in zip(r.steps, r.steps[1:]))
+    assert 0 < r.slot_utilisation <= 1
+
+
+def test_deterministic(busy):
+    a, b = B.compare(busy, 4), B.compare(busy, 4)
+    assert a["static"].summary() == b["static"].summary()
+    assert a["continuous"].summary() == b["continuous"].summary()
+
+
+def test_static_batches_do_not_take_newcomers(busy):
+    r = B.simulate(busy, "static", max_batch=4)
+    # Each request starts exactly when a batch starts, and a batch's slots are
+    # occupied (finished sequences as padding) until its longest request ends.
+    batch_starts = {s.start_s for s in r.steps if s.prefilled}
+    assert {rec.start_s for rec in r.records} <= batch_starts
+    for prev, s in zip(r.steps, r.steps[1:]):
+        if not s.prefilled:                       # inside a batch: requests only leave
+            assert set(s.running) <= set(prev.running) and s.slots == prev.slots
+    assert r.padding_utilisation < 1
+
+
+def test_continuous_beats_static_on_a_busy_queue(busy):
+    res = B.compare(busy, max_batch=4)
+    static, cont = res["static"], res["continuous"]
+    assert cont.throughput > static.throughput
+    assert cont.mean_latency_s < static.mean_latency_s
+    assert cont.mean_ttft_s < static.mean_ttft_s
+    assert cont.padding_utilisation == 1          # no padding slots
+    assert cont.slot_utilisation > static.slot_utilisation
+
+
+def test_one_slot_makes_the_policies_equal(busy):
+    res = B.compare(busy, max_batch=1)
+    assert res["static"].summary() | {"policy": ""} == res["continuous"].summary() | {"policy": ""}
+
+
+def test_idle_engine_waits_for_arrivals():
+    reqs = [B.Request(0, 0.0, 10, 2), B.Request(1, 100.0, 10, 2)]
+    for policy in ("static", "continuous"):
+        r = B.simulate(reqs, policy, max_batch=4)
+        assert r.records[1].start_s == 100.0
+        assert r.busy_s < 1 < r.makespan_s
+
+
+def test_bad_arguments(busy):
+    with pytest.raises(ValueError, match="policy"):
+        B.simulate(busy, "dynamic")
+    with pytest.raises(ValueError, match="max_batch"):
+        B.simulate(busy, "static", max_batch=0)
+
+
+def test_charts(busy):
+    res = B.compare(busy, max_batch=4)
+    fig = B.timeline_chart(res)
+    assert len([t for t in fig.data if t.type == "bar"]) == 4
+    assert "static" in fig.layout.annotations[0].text and "continuous" in fig.layout.annotations[1].text
+    fig = B.summary_chart(res)
+    assert len(fig.data) == 4 and list(fig.data[0].x) == ["static", "continuous"]

@@ -58,9 +58,16 @@ def _normalise(source: str) -> str:
     return "\n".join(line.rstrip() for line in source.strip("\n").splitlines())
 
 
-def _short(source: str, limit: int = 200) -> str:
-    text = source if len(source) <= limit else source[:limit] + "..."
-    return repr(text)
+def _first_line_difference(a: str, b: str) -> str:
+    """Where two cell sources first differ: 1-based line number and both lines."""
+    lines_a, lines_b = a.splitlines(), b.splitlines()
+    for n, (x, y) in enumerate(zip(lines_a, lines_b), start=1):
+        if x != y:
+            return f"line {n}: {x!r} vs {y!r}"
+    n = min(len(lines_a), len(lines_b)) + 1
+    extra_a = lines_a[n - 1] if len(lines_a) >= n else "<end of cell>"
+    extra_b = lines_b[n - 1] if len(lines_b) >= n else "<end of cell>"
+    return f"line {n}: {extra_a!r} vs {extra_b!r}"
 
 
 def sync_problems(py: Path, ipynb: Path) -> list[str]:
@@ -80,8 +87,9 @@ def sync_problems(py: Path, ipynb: Path) -> list[str]:
             ]
         if _normalise(a.source) != _normalise(b.source):
             return [
-                f"{name}: out of sync at cell {i} ({a.cell_type}): "
-                f"{py.name} has {_short(a.source)}, {ipynb.name} has {_short(b.source)} (run `make sync`)"
+                f"{name}: out of sync at cell {i} ({a.cell_type}), "
+                f"{_first_line_difference(_normalise(a.source), _normalise(b.source))} "
+                f"({py.name} vs {ipynb.name}; run `make sync`)"
             ]
     if len(text_cells) != len(nb_cells):
         return [
@@ -192,7 +200,7 @@ def test_checks_report_an_out_of_sync_pair(tmp_path: Path) -> None:
     problems = sync_problems(py, ipynb)
     assert len(problems) == 1
     assert "00_demo" in problems[0] and "cell 2" in problems[0]
-    assert "x + 1" in problems[0] and "x + 2" in problems[0]
+    assert "line 1: 'x + 1' vs 'x + 2'" in problems[0]
 
 
 def test_checks_report_a_changed_cell_type_and_an_extra_cell(tmp_path: Path) -> None:

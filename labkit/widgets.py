@@ -638,15 +638,17 @@ class SamplingExplorer(View):
         summary = (f"kept <b>{int(kept.sum()):,}</b> of {len(after):,} tokens, which held "
                    f"<b>{mass:.3f}</b> of the probability before filtering")
         t = params["temperature"]
+        scaled = None
         if params["method"] != "greedy" and t not in (0, 1):
             # The filters see the logits after temperature, so top-p counts this mass, not the bars'.
-            scaled = float((self.logits / t).softmax(-1)[kept].sum())
-            summary += f" ({scaled:.3f} after temperature {t:g}, the mass top-p and min-p see)"
+            scaled_all = (self.logits.float() / t).softmax(-1)
+            scaled = scaled_all[self.top_ids]
+            summary += f" ({float(scaled_all[kept].sum()):.3f} after temperature {t:g}, the mass top-p and min-p see)"
         self.summary.value = summary
         top = self.top_ids.tolist()
         chosen = top.index(self.chosen) if self.chosen in top else None
         return viz.distribution_chart(self.labels, self.top_before, after[self.top_ids], chosen=chosen,
-                                      top_p=params.get("top_p"),
+                                      top_p=params.get("top_p"), probs_scaled=scaled,
                                       title=f"Next-token distribution: {METHOD_LABELS[params['method']]}")
 
     def _redraw(self) -> None:

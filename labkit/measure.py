@@ -44,7 +44,7 @@ from __future__ import annotations
 import platform
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import plotly.graph_objects as go
@@ -457,47 +457,47 @@ def roofline_point(workload: perf.Workload, seconds: float, name: str | None = N
 # ----------------------------------------------------------------------------
 
 def ttft_chart(sweep: TTFTSweep, title: str = "Prefill time (TTFT) against prompt length") -> go.Figure:
-    """TTFT (ms) against prompt length, and the time per prompt token on a second axis."""
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    """Left: TTFT (ms) against prompt length. Right: the same time per prompt token."""
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                        subplot_titles=("time to first token", "time per prompt token"))
     fig.add_trace(go.Scatter(x=sweep.lengths, y=[s * 1e3 for s in sweep.seconds], mode="lines+markers",
-                             name="TTFT (ms)", line=dict(color=viz.ORANGE),
-                             hovertemplate="%{x} tokens<br>TTFT %{y:.1f} ms<extra></extra>"))
+                             name="TTFT", line=dict(color=viz.ORANGE),
+                             hovertemplate="%{x} tokens<br>TTFT %{y:.1f} ms<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Scatter(x=sweep.lengths, y=sweep.ms_per_token, mode="lines+markers",
-                             name="ms per prompt token", line=dict(color=viz.BLUE, dash="dash"),
-                             hovertemplate="%{x} tokens<br>%{y:.2f} ms per token<extra></extra>"),
-                  secondary_y=True)
-    fig.update_xaxes(title="prompt length (tokens)")
-    fig.update_yaxes(title="TTFT (ms)", rangemode="tozero", secondary_y=False)
-    fig.update_yaxes(title="ms per prompt token", rangemode="tozero", secondary_y=True)
+                             name="per prompt token", line=dict(color=viz.BLUE),
+                             hovertemplate="%{x} tokens<br>%{y:.2f} ms per token<extra></extra>"), row=1, col=2)
+    fig.update_xaxes(title="prompt length (tokens)", rangemode="tozero")
+    fig.update_yaxes(title="TTFT (ms)", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title="ms per prompt token", rangemode="tozero", row=1, col=2)
     fig.update_layout(title=viz._title(title, f"measured on {sweep.device}, median of {sweep.repeats}"),
-                      width=800, height=480, legend=dict(x=0.02, y=0.98, bgcolor="rgba(255,255,255,0.7)"))
+                      width=1000, height=460, showlegend=False)
     return fig
 
 
 def batch_chart(sweep: BatchSweep, title: str = "Batch size: prefill vs decode") -> go.Figure:
-    """Left: prefill time per token (flat as the batch grows). Right: decode
-    throughput (tokens/s, rising with the batch) and the KV cache's share of
-    the bytes each decode step reads."""
-    fig = make_subplots(rows=1, cols=2, specs=[[{}, {"secondary_y": True}]], horizontal_spacing=0.14,
-                        subplot_titles=(f"prefill, {sweep.prompt_len} tokens per sequence",
-                                        f"decode, {sweep.context} cached positions per sequence"))
-    b = sweep.batch_sizes
-    fig.add_trace(go.Scatter(x=b, y=sweep.prefill_ms_per_token, mode="lines+markers", name="prefill ms per token",
+    """Three panels against the batch size: prefill time per token (flat once
+    the device is busy), decode throughput in tokens/s (rising with the batch),
+    and the KV cache's share of the bytes each decode step reads."""
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09,
+                        subplot_titles=(f"prefill ({sweep.prompt_len} tokens per sequence)",
+                                        f"decode ({sweep.context} cached positions each)",
+                                        "KV cache share of decode's reads"))
+    x = [str(b) for b in sweep.batch_sizes]   # categories: evenly spaced, labelled with the batch size
+    fig.add_trace(go.Scatter(x=x, y=sweep.prefill_ms_per_token, mode="lines+markers", name="prefill",
                              line=dict(color=viz.ORANGE),
                              hovertemplate="batch %{x}<br>%{y:.2f} ms per token<extra></extra>"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=b, y=sweep.decode_tokens_per_s, mode="lines+markers", name="decode tokens/s",
+    fig.add_trace(go.Scatter(x=x, y=sweep.decode_tokens_per_s, mode="lines+markers", name="decode",
                              line=dict(color=viz.BLUE),
                              hovertemplate="batch %{x}<br>%{y:.1f} tokens/s<extra></extra>"), row=1, col=2)
-    fig.add_trace(go.Bar(x=b, y=[100 * f for f in sweep.kv_fraction], name="KV cache share of bytes read (%)",
-                         marker_color=viz.GREEN, opacity=0.35,
-                         hovertemplate="batch %{x}<br>KV cache %{y:.0f}% of bytes<extra></extra>"),
-                  row=1, col=2, secondary_y=True)
-    for col in (1, 2):
-        fig.update_xaxes(title="batch size", type="log", tickvals=b, ticktext=[str(x) for x in b], row=1, col=col)
+    fig.add_trace(go.Bar(x=x, y=[100 * f for f in sweep.kv_fraction], name="KV share", marker_color=viz.GREEN,
+                         text=[f"{100 * f:.0f}%" for f in sweep.kv_fraction], textposition="outside",
+                         cliponaxis=False,
+                         hovertemplate="batch %{x}<br>KV cache %{y:.0f}% of the bytes<extra></extra>"),
+                  row=1, col=3)
+    fig.update_xaxes(title="batch size", type="category")
     fig.update_yaxes(title="prefill time per token (ms)", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title="decode throughput (tokens/s)", rangemode="tozero", row=1, col=2, secondary_y=False)
-    fig.update_yaxes(title="KV share of bytes (%)", range=[0, 100], row=1, col=2, secondary_y=True,
-                     showgrid=False)
+    fig.update_yaxes(title="decode throughput (tokens/s)", rangemode="tozero", row=1, col=2)
+    fig.update_yaxes(title="KV cache / all bytes read (%)", range=[0, 110], row=1, col=3)
     fig.update_layout(title=viz._title(title, f"measured on {sweep.device}, median of {sweep.repeats}"),
-                      width=1100, height=500, legend=dict(orientation="h", y=-0.2))
+                      width=1200, height=460, showlegend=False)
     return fig

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from .transformer import ModelConfig
 
 
@@ -73,11 +75,15 @@ class Workload:
         return self.flops / self.bytes
 
 
+def _cache_value_bytes(model) -> int:
+    """The KV cache is kept in the model's activation dtype (also for a quantized model)."""
+    return torch.empty((), dtype=model.dtype).element_size()
+
+
 def prefill_workload(model, n_tokens: int, batch_size: int = 1) -> Workload:
     c = model.config
     flops = forward_flops(c, n_tokens, last_only=True) * batch_size
-    nbytes = forward_bytes(c, model.weight_nbytes, n_tokens, 0, model.hf.lm_head.weight.element_size(),
-                           batch_size)
+    nbytes = forward_bytes(c, model.weight_nbytes, n_tokens, 0, _cache_value_bytes(model), batch_size)
     return Workload(f"prefill {n_tokens} tokens" + (f" x {batch_size}" if batch_size > 1 else ""),
                     flops, nbytes)
 
@@ -85,8 +91,7 @@ def prefill_workload(model, n_tokens: int, batch_size: int = 1) -> Workload:
 def decode_workload(model, n_cached: int, batch_size: int = 1) -> Workload:
     c = model.config
     flops = forward_flops(c, 1, n_cached) * batch_size
-    nbytes = forward_bytes(c, model.weight_nbytes, 1, n_cached, model.hf.lm_head.weight.element_size(),
-                           batch_size)
+    nbytes = forward_bytes(c, model.weight_nbytes, 1, n_cached, _cache_value_bytes(model), batch_size)
     return Workload("decode step" + (f" x {batch_size}" if batch_size > 1 else ""), flops, nbytes)
 
 

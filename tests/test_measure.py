@@ -125,7 +125,7 @@ def test_batch_sweep(tiny):
     assert 0 < s.kv_fraction[0] < s.kv_fraction[1] < s.kv_fraction[2] < 1
     assert s.device == measure.device_label(tiny)
     fig = measure.batch_chart(s)
-    assert list(fig.data[1].x) == [1, 2, 4]
+    assert list(fig.data[1].x) == ["1", "2", "4"] and s.device in fig.layout.title.text
     with pytest.raises(ValueError):
         measure.batch_sweep(tiny, [1], context=tiny.config.max_len)
 

@@ -112,8 +112,8 @@ print(labkit.format_chat(model, QUESTION))
 SYSTEM = "Always answer in French."
 print(labkit.format_chat(model, QUESTION, system=SYSTEM))
 
-default_answer = labkit.generate(model, QUESTION, chat=True, max_new_tokens=12)
-french_answer = labkit.generate(model, QUESTION, chat=True, system=SYSTEM, max_new_tokens=12)
+default_answer = labkit.generate(model, QUESTION, chat=True, max_new_tokens=8)
+french_answer = labkit.generate(model, QUESTION, chat=True, system=SYSTEM, max_new_tokens=8)
 print("default system prompt:", repr(default_answer.text))
 print(f"system = {SYSTEM!r}:", repr(french_answer.text))
 assert default_answer.text != french_answer.text
@@ -146,7 +146,7 @@ conversation = [
 print(labkit.format_chat(model, conversation))
 
 # %%
-alone = labkit.generate(model, "Why?", chat=True, max_new_tokens=12)
+alone = labkit.generate(model, "Why?", chat=True, max_new_tokens=8)
 in_context = labkit.generate(model, conversation, max_new_tokens=12)
 print("'Why?' on its own:   ", repr(alone.text))
 print("'Why?' after history:", repr(in_context.text))
@@ -262,7 +262,8 @@ viz.token_table(zh.tokens, zh.ids)
 
 # %% [markdown]
 # Why ten pieces for six characters? This is a **byte-level** BPE vocabulary: it
-# works on the UTF-8 bytes of the text, and every Chinese character is three bytes:
+# works on the UTF-8 bytes of the text, and each of these Chinese characters is
+# three bytes long:
 
 # %%
 for ch in "法国的首都是":

@@ -61,15 +61,16 @@ model
 # Turning ids into vectors is nothing more than reading rows of it:
 
 # %%
-E = model.hf.get_input_embeddings().weight.detach()  # (vocab, d_model)
+E = model.hf.get_input_embeddings().weight.detach().float().cpu()  # (vocab, d_model), a CPU copy if on a GPU
 vocab_size, d_model = E.shape
 print(f"embedding matrix E: {vocab_size:,} rows (tokens) x {d_model} columns (dimensions)")
-print(f"= {E.numel():,} numbers, {E.numel() * E.element_size() / 1e6:.0f} MB in {E.dtype}, "
+stored = model.hf.get_input_embeddings().weight
+print(f"= {E.numel():,} numbers, {stored.numel() * stored.element_size() / 1e6:.0f} MB in {stored.dtype}, "
       f"{E.numel() / model.n_params:.0%} of the model's parameters")
 
 PROMPT = "The capital of France is"
 enc = labkit.encode(model, PROMPT)
-x = labkit.embed(model, enc.ids)  # (T, d_model)
+x = labkit.embed(model, enc.ids).float().cpu()  # (T, d_model)
 print(f"ids {enc.ids.tolist()} -> x of shape {tuple(x.shape)}")
 assert x.shape == (len(enc), d_model)
 assert torch.equal(x, E[enc.ids])  # row `id` of E, for each id
@@ -100,7 +101,7 @@ viz.embedding_heatmap(x, enc.tokens, title=f"Embeddings of {PROMPT!r}")
 # (**tied embeddings**, 权重共享; notebook 04).
 
 # %%
-tied = model.hf.lm_head.weight.data_ptr() == E.data_ptr()
+tied = model.hf.lm_head.weight.data_ptr() == model.hf.get_input_embeddings().weight.data_ptr()
 print("LM head shares the embedding matrix:", tied)
 
 # %% [markdown]
@@ -172,7 +173,7 @@ assert sorted(a.ids.tolist()) == sorted(b.ids.tolist())  # the same tokens, in a
 # positions, on both sentences and compare the output for " dog":
 
 # %%
-xa, xb = labkit.embed(model, a.ids), labkit.embed(model, b.ids)
+xa, xb = labkit.embed(model, a.ids).float().cpu(), labkit.embed(model, b.ids).float().cpu()
 out_a = F.scaled_dot_product_attention(xa[None], xa[None], xa[None])[0]  # Q = K = V = the embeddings
 out_b = F.scaled_dot_product_attention(xb[None], xb[None], xb[None])[0]
 dog_a, dog_b = a.tokens.index(" dog"), b.tokens.index(" dog")
@@ -280,7 +281,7 @@ except ValueError as err:
 #
 # ```python
 # gpt2 = labkit.load_model("gpt2")
-# wpe = labkit.learned_positions(gpt2, 64)           # (64, 768)
+# wpe = labkit.learned_positions(gpt2, 64)           # (64 positions, n_embd)
 # viz.embedding_heatmap(wpe, [str(p) for p in range(64)], title="GPT-2: learned position vectors")
 # viz.cosine_similarity_heatmap(wpe, [str(p) for p in range(64)], title="GPT-2: similarity of positions")
 # ```

@@ -465,10 +465,12 @@ class TokenizerView(View):
 class PositionExplorer(View):
     """Sinusoidal positions and RoPE angles, with a position and a pair slider.
 
-    Both schemes use the same frequencies: pair i (dimensions 2i, 2i+1) turns
-    at ω_i = base^(-2i/d). The sinusoidal table writes sin(pω_i), cos(pω_i) into
-    the vector; RoPE rotates the query/key pair by the angle pω_i. With a Llama-
-    style model the RoPE angles are the model's own.
+    Both schemes use the same form of frequency: pair i turns at
+    ω_i = base^(-2i/d). The sinusoidal table (base 10,000, dimensions 2i and
+    2i+1) writes sin(pω_i), cos(pω_i) into the vector; RoPE rotates a query/key
+    pair by the angle pω_i. With a Llama-style model the RoPE angles are the
+    model's own: its base (rope_theta, 100,000 for SmolLM2) and head size, and
+    its pairs are dimensions (i, i + head_size/2).
     """
 
     def __init__(self, model=None, n_positions: int = 64, d_model: int = 64, position: int = 5, pair: int = 2):
@@ -512,7 +514,8 @@ class PositionExplorer(View):
             f"position <b>{p}</b>, pair <b>{i}</b>: ω = 10000<sup>-2·{i}/{d}</sup> = {omega:.4g} rad/position; "
             f"sinusoidal PE[{p}, {2 * i}] = sin({p}ω) = {float(self.pe[p, 2 * i]):.3f}, "
             f"PE[{p}, {2 * i + 1}] = cos({p}ω) = {float(self.pe[p, 2 * i + 1]):.3f}; "
-            f"RoPE turns pair {k} by {angle:.3f} rad = {angle / (2 * math.pi):.3f} turns")
+            f"RoPE ({self.source}) turns pair {k} by {angle:.3f} rad = {angle / (2 * math.pi):.3f} turns, "
+            f"ω = {float(self.angles[1, k]) if self.angles.shape[0] > 1 else float('nan'):.4g} rad/position")
         return sin_fig, rope_fig
 
     def _redraw(self) -> None:

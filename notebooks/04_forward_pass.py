@@ -102,7 +102,7 @@ for i in [0, *range(5, c.n_layers + 1, 5)]:
 # ## One block, by hand
 #
 # Take a block in the middle of the model and compute it from its weights. The
-# attention half is notebook 03 in four lines (labkit's `attention_by_hand` does the
+# attention half is notebook 03 in a few lines (labkit's `attention_by_hand` does the
 # scores, mask, softmax and weighted sum); the feed-forward half is new.
 #
 # The **feed-forward network (前馈网络)** of Llama-style models is a *SwiGLU*: two
@@ -218,8 +218,9 @@ viz.distribution_chart(labkit.token_strings(model.tokenizer, top20.indices), top
                        chosen=0, title=f"{PROMPT!r} → next token: ' Paris' and its rivals")
 
 # %% [markdown]
-# The dotted line (right axis) is the running total: the top few tokens hold most
-# of the probability, but not all of it. The rest is spread thinly over tens of
+# Nothing has been filtered yet, so the orange bars (what a sampler would draw
+# from, notebook 05) equal the blue ones. The dotted line (right axis) is the
+# running total: the top few tokens hold most of the probability, but not all of it. The rest is spread thinly over tens of
 # thousands of tokens:
 
 # %%

@@ -126,7 +126,8 @@ print(f"average probability of the chosen token: first half {first:.2f}, second 
 
 # %%
 PENALTY = 1.2
-unstuck = labkit.generate(model, LOOP_PROMPT, max_new_tokens=32, method="greedy", repetition_penalty=PENALTY)
+unstuck = labkit.generate(model, LOOP_PROMPT, max_new_tokens=len(loop.token_ids), method="greedy",
+                          repetition_penalty=PENALTY)
 print(repr(LOOP_PROMPT + unstuck.text))
 ids = unstuck.token_ids
 count_after = Counter(tuple(ids[i:i + 4]) for i in range(len(ids) - 3)).most_common(1)[0][1]
@@ -213,8 +214,12 @@ TOP_P = 0.9
 for name, lg in [(PROMPT, logits), (OPEN_PROMPT, open_logits)]:
     n_kept = int((labkit.distribution(lg, method="top_p", top_p=TOP_P) > 0).sum())
     print(f"top-p = {TOP_P} after {name!r}: keeps {n_kept:,} tokens")
-after = labkit.distribution(open_logits, method="top_p", top_p=TOP_P)
-viz.distribution_chart(labels, top20.values, after[top20.indices], top_p=TOP_P, title=f"Top-p, p = {TOP_P}")
+
+# After the open prompt all 20 bars of a chart would be kept; after the running example the cut shows:
+after = labkit.distribution(logits, method="top_p", top_p=TOP_P)
+fr_top = probs.topk(20)
+viz.distribution_chart(labkit.token_strings(tok, fr_top.indices), fr_top.values, after[fr_top.indices],
+                       top_p=TOP_P, title=f"Top-p, p = {TOP_P}, after {PROMPT!r}")
 
 # %% [markdown]
 # ### Min-p
@@ -246,7 +251,7 @@ print(f"{len(set(draws))} different tokens in 10 draws")
 assert draws == [labkit.sample(open_logits, method="top_p", top_p=TOP_P, seed=s)[0] for s in range(10)]
 
 for temperature in (0.7, 1.0, 1.5):
-    g = labkit.generate(model, OPEN_PROMPT, max_new_tokens=16, method="top_p", top_p=TOP_P,
+    g = labkit.generate(model, OPEN_PROMPT, max_new_tokens=12, method="top_p", top_p=TOP_P,
                         temperature=temperature, seed=0)
     print(f"T = {temperature}: {OPEN_PROMPT + g.text!r}")
 
@@ -260,14 +265,13 @@ for temperature in (0.7, 1.0, 1.5):
 # It is deterministic, like greedy, and costs `num_beams` times the work per step.
 
 # %%
-BEAMS, N = 4, 12
-greedy_n = labkit.generate(model, PROMPT, max_new_tokens=N, method="greedy")
-beam = labkit.generate(model, PROMPT, max_new_tokens=N, method="beam", num_beams=BEAMS)
+BEAMS = 4
+beam = labkit.generate(model, PROMPT, max_new_tokens=len(greedy.token_ids), method="beam", num_beams=BEAMS)
 
 # Score both continuations the same way: one forward pass over prompt + continuation,
 # then add up the log-probability of each generated token.
 scores = {}
-for name, result in [("greedy", greedy_n), (f"beam search, {BEAMS} beams", beam)]:
+for name, result in [("greedy", greedy), (f"beam search, {BEAMS} beams", beam)]:
     full = torch.tensor(result.prompt_ids + result.token_ids)
     logp = model.forward(full).log_softmax(-1)                   # (length, vocab)
     n = len(result.prompt_ids)
@@ -318,7 +322,8 @@ assert new_ids == chat.token_ids          # the same tokens labkit.generate prod
 # ## Stopping rules (停止条件)
 #
 # The loop above ended because the model produced its **end-of-sequence token**
-# (EOS, 结束符), which the chat template taught it to write at the end of an answer.
+# (EOS, 结束符), which this instruct model was trained to write at the end of a
+# chat answer.
 # A plain prompt has no such end, so generation needs other rules as well:
 #
 # - **a length limit** (`max_new_tokens`): always set, so a loop cannot run forever
@@ -383,7 +388,7 @@ print(f"drew {labkit.token_strings(tok, [token])[0]!r} at temperature 0.5")
 # (attention over the KV cache) and the size of the cache.
 
 # %%
-live = widgets.LiveGeneration(model, OPEN_PROMPT, max_new_tokens=10, method="greedy", seed=0)
+live = widgets.LiveGeneration(model, OPEN_PROMPT, max_new_tokens=8, method="greedy", seed=0)
 live
 
 # %% [markdown]

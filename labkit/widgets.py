@@ -682,9 +682,10 @@ class LiveGeneration(View):
 
     def __init__(self, model, prompt: str = "The capital of France is", max_new_tokens: int = 24,
                  method: str = "greedy", seed: int = 0, top_n: int = TOP_N, num_beams: int = 4,
-                 chat: bool = False, **control_values):
+                 chat: bool = False, regenerate: bool = False, **control_values):
         super().__init__()
         self.model, self.seed, self.top_n, self.num_beams = model, seed, top_n, num_beams
+        self.regenerate = regenerate          # redo the tokens so far when a sampling control moves
         self.max_new_tokens = max_new_tokens
         enc = encode(model, prompt, chat=chat)
         self.prompt_text, self.prompt_ids, self.prompt_tokens = enc.text, enc.ids, enc.tokens
@@ -713,7 +714,7 @@ class LiveGeneration(View):
         self.run_button.on_click(lambda _: self._stop() if self.busy else self._queue(self._run_jobs(), "step"))
         self.reset_button.on_click(lambda _: (self._stop(), self._safely(self.reset, "step")))
         self.selectors.observe(lambda: self._redraw_later(self._redraw_attention, "attention"))
-        self.controls.observe(lambda: self._safely(lambda: check_sampling(**self.controls.params()), "step"))
+        self.controls.observe(self._controls_changed)
         self.widget = widgets.VBox([
             self.controls.widget, widgets.HBox([self.step_button, self.run_button, self.reset_button]),
             self.status, self.error, self.boxes["tokens"].widget, self.boxes["distribution"].widget,
@@ -789,6 +790,24 @@ class LiveGeneration(View):
                 if self.step() is None:
                     break
         return self.token_ids
+
+    def _controls_changed(self) -> None:
+        if not self._safely(lambda: check_sampling(**self.controls.params()), "step"):
+            return
+        if self.regenerate and self.token_ids:
+            # Same number of tokens again with the new settings. Debounced, and
+            # a run still going is stopped first, so rapid slider moves only
+            # ever regenerate for the latest value.
+            n = len(self.token_ids)
+            self._stop()
+            self._later.call(lambda: self._safely(lambda: self._regenerate(n), "step"))
+
+    def _regenerate(self, n: int) -> None:
+        self.reset()
+        if self.controls.method.value == "beam":
+            self._queue([self._run_beam], "step")
+        else:
+            self._queue([self.step] * n, "step")
 
     def _run_jobs(self) -> list[Callable[[], object]]:
         if self.controls.method.value == "beam":

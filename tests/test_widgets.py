@@ -299,3 +299,16 @@ def test_run_button_yields_and_stops(model):
     asyncio.run(run_then_stop())
     assert 1 <= len(view.token_ids) <= 3 and not view.busy     # stopped within a step or two
     assert view.run_button.description == "run"
+
+
+def test_live_generation_regenerates_when_a_control_moves(model):
+    view = W.LiveGeneration(model, "Once upon a time", max_new_tokens=4, method="temperature",
+                                  temperature=1.0, regenerate=True, seed=0)
+    view.run()
+    first = list(view.token_ids)
+    view.controls.temperature.value = 0.0           # temperature 0 = greedy
+    view.flush()
+    greedy = labkit.generate(model, "Once upon a time", max_new_tokens=4, stop_at_eos=False).token_ids
+    assert first != greedy                           # the sampled run was different ...
+    assert len(view.token_ids) == len(first) == 4
+    assert view.token_ids == greedy                  # ... and moving the slider redid it greedily

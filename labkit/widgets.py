@@ -257,8 +257,13 @@ class View:
         return viz.save_html(self.figures(), path, title=f"LLM Inference Lab: {type(self).__name__}")
 
     def flush(self) -> None:
-        """Do a redraw that is still waiting for the event loop."""
+        """Do now what is still waiting for the event loop: a debounced redraw,
+        then any queued jobs (the steps of a run). Notebook cells that check a
+        view after moving a control call this, since they cannot yield to the loop."""
         self._later.flush()
+        while self._jobs:
+            if not self._safely(self._jobs.pop(0), "step"):
+                self._jobs.clear()
 
     # -- callbacks ------------------------------------------------------------
 

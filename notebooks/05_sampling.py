@@ -388,12 +388,13 @@ print(f"drew {labkit.token_strings(tok, [token])[0]!r} at temperature 0.5")
 # (attention over the KV cache) and the size of the cache.
 
 # %%
-live = widgets.LiveGeneration(model, OPEN_PROMPT, max_new_tokens=8, method="greedy", seed=0)
+# regenerate=True: once some text is there, moving a sampling control writes it again.
+live = widgets.LiveGeneration(model, OPEN_PROMPT, max_new_tokens=8, method="greedy", seed=0, regenerate=True)
 live
 
 # %% [markdown]
-# (Tested the same way: run greedily, then switch to sampling at a high temperature
-# and run again.)
+# (Tested the same way: run greedily, then move the controls to sampling at a high
+# temperature; the text is regenerated with the new settings.)
 
 # %%
 live.run()
@@ -401,8 +402,7 @@ greedy_ids, greedy_strip = list(live.token_ids), live.figure("tokens")
 print(f"greedy:            {OPEN_PROMPT + live.text!r}")
 live.controls.method.value = "top_p"
 live.controls.temperature.value = 1.5
-live.reset()
-live.run()
+live.flush()                     # in a lecture the slider's debounce does this after a pause
 print(f"top-p 0.9, T = 1.5: {OPEN_PROMPT + live.text!r}")
 assert live.finished and live.token_ids != greedy_ids
 assert list(live.figure("tokens").data[0].customdata) == live.token_ids != list(greedy_strip.data[0].customdata)

@@ -106,3 +106,23 @@ def test_prompt_box_waits_for_the_event_loop(model):
     d = asyncio.run(main())
     assert d.live.prompt_text == "Water boils at"
     assert isinstance(d.widget, ipywidgets.VBox)
+
+
+def test_page_figures_under_voila(model, monkeypatch):
+    """Under Voila the charts are Output widgets whose outputs are replaced at each update."""
+    from labkit import dashboard
+
+    monkeypatch.setenv("VOILA_BASE_URL", "/")
+    assert dashboard.in_voila()
+    d = Dashboard(model, max_new_tokens=3)
+    assert all(isinstance(b, dashboard.PageFigure) for b in d.boxes.values())
+    assert all(d.live.boxes[name] is d.boxes[name] for name in d.live.boxes)
+    d.step()
+    out = d.boxes["tokens"].view.outputs
+    assert len(out) == 1
+    shown = out[0]["data"]["application/vnd.plotly.v1+json"]
+    assert shown["data"][0]["customdata"] == d.live.token_ids          # the chart shows the new token
+    assert shown["layout"]["width"] == d.boxes["tokens"].width
+    assert len(d.figure("timing").data[0].y) == 1
+    assert isinstance(Dashboard(model, figure_widgets=True).boxes["tokens"], dashboard.FigureBox) \
+        or not dashboard.W.USE_FIGUREWIDGET

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import labkit
-from conftest import tiny_hf_model
+from tiny_models import tiny_hf_model
 
 
 def test_empty_prompt(model):

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import labkit
 import labkit.transformer as transformer
-from conftest import tiny_hf_model
+from tiny_models import tiny_hf_model
 from labkit.fast import GraphDecoder
 
 

@@ -9,7 +9,7 @@ import torch
 
 import labkit
 from labkit.transformer import attention_by_hand
-from conftest import tiny_hf_model
+from tiny_models import tiny_hf_model
 
 PROMPTS = [
     "The capital of France is",

@@ -14,7 +14,7 @@ import torch
 
 import labkit
 from labkit import measure, perf
-from conftest import tiny_hf_model
+from tiny_models import tiny_hf_model
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ def test_conversion_cache_is_used(tmp_path):
 
 
 def test_load_a_local_folder(tmp_path, model):
-    from conftest import tiny_hf_model
+    from tiny_models import tiny_hf_model
 
     hf = tiny_hf_model("gpt2")
     hf.save_pretrained(tmp_path)

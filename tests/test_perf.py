@@ -6,7 +6,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import labkit
 from labkit import perf
-from conftest import tiny_hf_model
+from tiny_models import tiny_hf_model
 
 
 def counted_flops(model, ids, cache=None):

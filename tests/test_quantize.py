@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import labkit
-from conftest import tiny_hf_model
+from tiny_models import tiny_hf_model
 from labkit.quantize import PROMPTS, Int4Linear, Int8Linear, compare, kl_divergence, quantize
 
 

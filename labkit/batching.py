@@ -261,7 +261,8 @@ def compare(requests: list[Request], max_batch: int = 8, cost: CostModel | None 
 def timeline_chart(results: dict[str, BatchingResult] | list[BatchingResult],
                    title: str = "Static vs continuous batching: one row per request") -> go.Figure:
     """A Gantt chart per policy: each request waits (grey), then runs (colour) from its
-    prefill to its last token; the bottom panel shows the useful slots per step."""
+    prefill to its last token; in a static batch its slot then idles (pale) until the
+    batch's longest request is done. The bottom panel shows the useful slots per step."""
     results = list(results.values()) if isinstance(results, dict) else list(results)
     n = len(results)
     fig = make_subplots(rows=n + 1, cols=1, shared_xaxes=True, vertical_spacing=0.06,
@@ -282,6 +283,16 @@ def timeline_chart(results: dict[str, BatchingResult] | list[BatchingResult],
                              customdata=[rec.request.output_len for rec in r.records],
                              hovertemplate="request %{y}: %{customdata} tokens<br>ran %{x:.2f} s<extra></extra>"),
                       row=row, col=1)
+        if r.policy == "static":
+            # A finished request's slot stays in the batch (as padding) until the batch's longest is done.
+            batch_end: dict[float, float] = {}
+            for rec in r.records:
+                batch_end[rec.start_s] = max(batch_end.get(rec.start_s, 0.0), rec.finish_s)
+            pad = [batch_end[rec.start_s] - rec.finish_s for rec in r.records]
+            fig.add_trace(go.Bar(y=ids, x=pad, base=[rec.finish_s for rec in r.records], orientation="h",
+                                 marker_color=colours["static"], opacity=0.3, name="static: slot kept as padding",
+                                 hovertemplate="request %{y}: done, its slot idles %{x:.2f} s<extra></extra>"),
+                          row=row, col=1)
         fig.update_yaxes(title="request", autorange="reversed", row=row, col=1)
         fig.add_trace(go.Scatter(x=[s.start_s for s in r.steps], y=[len(s.running) for s in r.steps],
                                  mode="lines", line=dict(shape="hv", color=colours.get(r.policy, viz.GREEN)),
@@ -292,8 +303,8 @@ def timeline_chart(results: dict[str, BatchingResult] | list[BatchingResult],
     fig.update_yaxes(title="busy slots", range=[0, max_batch + 0.5], row=n + 1, col=1)
     fig.update_xaxes(title="time (s)", row=n + 1, col=1)
     fig.update_layout(title=viz._title(title, f"max batch {max_batch}, {len(results[0].records)} requests"),
-                      barmode="overlay", bargap=0.25, width=1000, height=260 * n + 320,
-                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=1, xanchor="right"))
+                      barmode="overlay", bargap=0.25, width=1000, height=260 * n + 340, margin=dict(t=140),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.04, x=1, xanchor="right"))
     return fig
 
 

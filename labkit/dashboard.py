@@ -3,19 +3,21 @@
     dash = labkit.dashboard.Dashboard(model)
     dash                      # a cell ending in it shows it; or `voila notebooks/09_dashboard.ipynb`
 
-What is on the screen (top to bottom, two columns where the screen is wide):
+What is on the screen (three charts a row where the screen is wide):
 
-    prompt box, "chat template" box, max-new-tokens slider, step / run / reset
-    sampling controls (method, temperature, top-k, top-p, min-p) | status line: the text so far,
-                                                                   the last token, TTFT, TPOT, cache
-    generated tokens, coloured by probability  | the distribution the last token was drawn from
-    attention row of the newest token (layer / head sliders) | KV cache growth | time per step
+    prompt box | "chat template" box, max-new-tokens slider, step / run / reset
+    sampling controls (method, temperature, top-k, top-p, min-p) | the text so far, the last
+                                                                  token, TTFT, TPOT, cache size
+    generated tokens, coloured by probability | the distribution the last token was drawn from |
+        the newest token's attention row (layer / head sliders)
+    KV cache growth | time per step (prefill = TTFT, decode = TPOT)
 
 It is built from labkit.widgets.LiveGeneration (controls, buttons, tokens,
 distribution, attention row, cache chart), laid out for a projector, plus
 what a lecture adds: a prompt box and the timing chart (viz.timing_chart:
 the prefill bar is TTFT, the median decode bar is TPOT). Every chart is
-changed in place after each step (see labkit.widgets on how), so the page
+changed in place after each step (see labkit.widgets on how; under Voila
+each is re-rendered instead, see PageFigure), at a fixed size, so the page
 does not jump while the tokens stream in.
 
 A new prompt, a change of the chat box or of max new tokens starts again
@@ -28,17 +30,55 @@ than a lecture pause; pass it in), and editing the system prompt.
 from __future__ import annotations
 
 import html
+import json
+import os
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
+import plotly.io as pio
 
 from . import viz
+from . import widgets as W
 from .encode import encode
 from .widgets import FigureBox, LiveGeneration, View, _slider_style, _visible
 
-# Chart sizes that let two columns fit a 1920 x 1080 projector (and stack on a laptop).
-CHART_WIDTH = 720
-CHART_HEIGHT = 360
+# Chart sizes that put three charts side by side, two rows, on a 1920 x 1080 projector
+# (they wrap into fewer columns on a smaller screen; browser zoom does the rest).
+CHART_WIDTH = 620
+CHART_HEIGHT = 340
+
+
+def in_voila() -> bool:
+    """True in a kernel that Voila started (it sets these variables for its kernels)."""
+    return any(k in os.environ for k in ("VOILA_BASE_URL", "VOILA_SERVER_URL", "VOILA_APP_PORT"))
+
+
+class PageFigure:
+    """A chart that is redrawn by replacing the outputs of an ipywidgets.Output.
+
+    The same interface as labkit.widgets.FigureBox (figure, widget, update, width,
+    height). Why it exists: under Voila 0.5 a plotly FigureWidget does not apply
+    the updates sent after the page has loaded, and `with output: display(fig)`
+    called from a job on the event loop (the run button's steps) reaches no
+    output area; setting `Output.outputs` is plain widget state and arrives
+    either way. The cost is a full re-render of the chart per update.
+    """
+
+    def __init__(self, fig: go.Figure, width: int | None = None, height: int | None = None):
+        self.width, self.height = width, height
+        self.view = widgets.Output()
+        self.live = False
+        self.widget = widgets.Box([self.view])
+        self.update(fig)
+
+    def update(self, fig: go.Figure) -> None:
+        if self.width or self.height:
+            fig.update_layout(width=self.width or fig.layout.width, height=self.height or fig.layout.height)
+        self.figure = fig
+        self.widget.layout.min_height = f"{int(self.height or fig.layout.height or 450)}px"
+        self.view.outputs = ({"output_type": "display_data", "metadata": {}, "data": {
+            "application/vnd.plotly.v1+json": json.loads(pio.to_json(fig)),
+            "text/plain": f"<Figure: {fig.layout.title.text or ''}>"}},)
 
 
 class _Live(LiveGeneration):
@@ -70,46 +110,70 @@ class Dashboard(View):
     model: a labkit.Model (any device); the other arguments are the starting values.
     `live` is the LiveGeneration doing the work; step(), run(n), reset() and
     set_prompt(text) drive it from code, as the buttons and the box do.
+    figure_widgets: draw with plotly FigureWidgets (smooth in-place updates in
+    JupyterLab) or with PageFigure; None: FigureWidgets unless running under
+    Voila (see PageFigure) or labkit.widgets.USE_FIGUREWIDGET is off.
+    Other keywords go to LiveGeneration: starting control values (temperature=,
+    top_p=, ...) and regenerate=True (moving a sampling control re-generates
+    the tokens so far with the new setting).
     """
 
     def __init__(self, model, prompt: str = "The capital of France is", max_new_tokens: int = 24,
                  method: str = "greedy", chat: bool = False, seed: int = 0,
-                 chart_width: int = CHART_WIDTH, chart_height: int = CHART_HEIGHT, **control_values):
+                 chart_width: int = CHART_WIDTH, chart_height: int = CHART_HEIGHT,
+                 figure_widgets: bool | None = None, **control_values):
         super().__init__()
         self.model = model
         style = _slider_style()
         self.prompt = widgets.Textarea(value=prompt, description="prompt", continuous_update=False,
                                        placeholder="type a prompt, then click outside the box",
-                                       layout=widgets.Layout(width="98%", height="4.5em"), style=style)
+                                       layout=widgets.Layout(flex="1 1 auto", height="4.2em"), style=style)
         self.chat = widgets.Checkbox(value=chat, description="chat template", indent=False,
-                                     layout=widgets.Layout(width="auto"))
+                                     layout=widgets.Layout(width="auto", margin="0 2em 0 0"))
         self.max_tokens = widgets.IntSlider(value=max_new_tokens, min=1, max=128, description="max new tokens",
                                             continuous_update=False, style=style)
-        self.live = _Live(model, prompt, max_new_tokens=max_new_tokens, method=method, seed=seed, chat=chat,
-                          on_redraw=self._redraw_timing, **control_values)
+        if figure_widgets is None:
+            figure_widgets = W.USE_FIGUREWIDGET and not in_voila()
+        # Without FigureWidgets, build the live view without them too (none is left unshown).
+        use_before, W.USE_FIGUREWIDGET = W.USE_FIGUREWIDGET, W.USE_FIGUREWIDGET and figure_widgets
+        try:
+            self.live = _Live(model, prompt, max_new_tokens=max_new_tokens, method=method, seed=seed,
+                              chat=chat, on_redraw=self._redraw_timing, **control_values)
+        finally:
+            W.USE_FIGUREWIDGET = use_before
         live = self.live
         self.controls, self.selectors = live.controls, live.selectors
         self.timing = widgets.HTML()
+        if not figure_widgets:
+            # The live view looks its charts up by name at every redraw, so swapping them is enough.
+            for name, box in live.boxes.items():
+                live.boxes[name] = PageFigure(box.figure)
         self.boxes = dict(live.boxes)
-        self.boxes["timing"] = FigureBox(self._timing_figure())
-        # Smaller charts, so that two columns fit one screen; FigureBox keeps the size on every update.
-        for name, box in self.boxes.items():
+        self.boxes["timing"] = (FigureBox if figure_widgets else PageFigure)(self._timing_figure())
+        # Smaller charts, so that three fit side by side on a 1920-pixel screen (and wrap on
+        # a narrower one); the boxes keep this size at every update.
+        for box in self.boxes.values():
             box.width, box.height = chart_width, chart_height
             box.widget.layout.min_height = f"{chart_height}px"
+            box.widget.layout.width = f"{chart_width + 10}px"
             box.update(box.figure)
         self._redraw_timing()
 
         for w in (self.prompt, self.chat, self.max_tokens):
             w.observe(lambda _: self._redraw_later(self._prompt_changed, "prompt"), names="value")
         buttons = widgets.HBox([live.step_button, live.run_button, live.reset_button])
-        column = widgets.Layout(width=f"{chart_width + 20}px")
-        top = widgets.VBox([self.prompt, widgets.HBox([self.chat, self.max_tokens, buttons])])
-        left = widgets.VBox([live.controls.widget, self.boxes["tokens"].widget, self.selectors.widget,
-                             self.boxes["attention"].widget, self.boxes["cache"].widget], layout=column)
-        right = widgets.VBox([live.status, self.timing, self.boxes["distribution"].widget,
-                              self.boxes["timing"].widget], layout=column)
-        self.widget = widgets.VBox([top, self.error, live.error,
-                                    widgets.HBox([left, right], layout=widgets.Layout(flex_flow="row wrap"))])
+        header = widgets.HBox([self.prompt, widgets.VBox([widgets.HBox([self.chat, self.max_tokens]), buttons])],
+                              layout=widgets.Layout(width="100%", align_items="center"))
+        readout = widgets.VBox([live.status, self.timing],
+                               layout=widgets.Layout(flex="1 1 400px", margin="0 0 0 2em"))
+        b = self.boxes
+        charts = widgets.HBox(
+            [b["tokens"].widget, b["distribution"].widget,
+             widgets.VBox([self.selectors.widget, b["attention"].widget], layout=widgets.Layout(width="auto")),
+             b["cache"].widget, b["timing"].widget],
+            layout=widgets.Layout(flex_flow="row wrap", align_items="flex-end"))
+        self.widget = widgets.VBox([header, widgets.HBox([live.controls.widget, readout]), self.error, live.error,
+                                    charts])
 
     # -- driving it from code ---------------------------------------------------
 

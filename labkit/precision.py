@@ -6,9 +6,10 @@ depends on the machine having a fast kernel for that format, and what it
 *costs* is a slightly different model. This puts the three side by side:
 
     bytes     model.weight_nbytes: what one decode step must read
-    speed     a greedy generation timed on this machine (labkit.measure): TTFT, TPOT
-    quality   labkit.quantize.compare against the reference model: KL divergence of
-              the next-token distributions, top-1 agreement, greedy agreement
+    speed     greedy generations timed on this machine: TTFT, TPOT
+    quality   against the reference model, as labkit.quantize.compare measures it:
+              KL divergence of the next-token distributions, top-1 agreement,
+              greedy agreement
 
 `measure_precisions(reference, {"bf16": m16, "int8": m8}, prompts)` returns one
 `PrecisionResult` per model (the reference first); `precision_chart` draws them.
@@ -21,12 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import plotly.graph_objects as go
+import torch
 from plotly.subplots import make_subplots
 
 from . import viz
 from .generate import generate
-from .measure import device_label, time_generation
-from .quantize import Quality, compare
+from .measure import device_label, sync
+from .quantize import Quality, kl_divergence
 
 
 @dataclass
@@ -35,7 +37,7 @@ class PrecisionResult:
     weight_nbytes: int           # bytes a decode step reads
     ttft_s: float
     tpot_s: float                # median decode step
-    text: str                    # greedy continuation of the timed prompt
+    text: str                    # greedy continuation of the first prompt
     token_ids: list[int]
     quality: Quality | None      # None for the reference itself
     device: str
@@ -52,19 +54,54 @@ class PrecisionResult:
                 "greedy_identical": q.greedy_identical if q else 1.0}
 
 
-def measure_precisions(reference, models: dict, prompts: list[str], max_new_tokens: int = 12,
+@torch.inference_mode()
+def measure_precisions(reference, models: dict, prompts: list[str], max_new_tokens: int = 8,
                        reference_name: str = "fp32") -> list[PrecisionResult]:
-    """Time each model (reference first) on prompts[0] and compare each with the
-    reference on all prompts (labkit.quantize.compare, greedy for max_new_tokens)."""
+    """Each model (the reference first) generates greedily from every prompt, timed;
+    then reads the prompt and the *reference's* continuation in one forward pass
+    (teacher forcing: every model sees the same tokens), and its next-token
+    distributions are compared with the reference's at every position
+    (labkit.quantize.kl_divergence). EOS is ignored, so every continuation has
+    max_new_tokens tokens.
+
+    One generation and one forward pass per model and prompt: the reference's
+    continuations are computed once (labkit.quantize.compare, which recomputes
+    them for each model, costs twice as much). TTFT is the first prompt's; TPOT
+    the median decode step over all prompts.
+    """
     if not prompts:
         raise ValueError("give at least one prompt")
-    results = []
-    for name, model in [(reference_name, reference)] + list(models.items()):
-        generate(model, prompts[0], 2)          # warm-up: first calls pay one-off costs
-        t = time_generation(model, prompts[0], max_new_tokens)
-        quality = None if model is reference else compare(reference, model, prompts, max_new_tokens)
-        results.append(PrecisionResult(name, model.weight_nbytes, t.ttft_s, t.tpot_s, t.text, t.token_ids,
-                                       quality, device_label(model)))
+    results: list[PrecisionResult] = []
+    ref_ids: list[list[int]] = []
+    ref_logits: list[torch.Tensor] = []
+    for i, (name, model) in enumerate([(reference_name, reference)] + list(models.items())):
+        is_ref = i == 0
+        generate(model, prompts[0], 1)              # warm-up: the first call pays one-off costs
+        gens, kls, top1, prefix = [], [], [], []
+        for k, prompt in enumerate(prompts):
+            sync(model.device)
+            gen = generate(model, prompt, max_new_tokens, stop_at_eos=False)
+            sync(model.device)
+            gens.append(gen)
+            if is_ref:
+                ref_ids.append(gen.token_ids)
+            ids = torch.tensor(gen.prompt_ids + ref_ids[k][:-1])
+            logits = model.forward(ids).float().cpu()                   # (T, vocab)
+            if is_ref:
+                ref_logits.append(logits)
+            kls.append(kl_divergence(ref_logits[k], logits))
+            top1.append(ref_logits[k].argmax(-1) == logits.argmax(-1))
+            prefix.append(next((i for i, (a, b) in enumerate(zip(gen.token_ids, ref_ids[k])) if a != b),
+                               len(ref_ids[k])))
+        kl, agree = torch.cat(kls), torch.cat(top1).float()
+        quality = None if is_ref else Quality(
+            float(kl.mean()), float(kl.max()), float(agree.mean()),
+            sum(p == max_new_tokens for p in prefix) / len(prompts),
+            sum(prefix) / (max_new_tokens * len(prompts)), len(kl), len(prompts))
+        decode = sorted(s.seconds for g in gens for s in g.steps[1:])
+        results.append(PrecisionResult(name, model.weight_nbytes, gens[0].ttft_s,
+                                       decode[len(decode) // 2] if decode else float("nan"),
+                                       gens[0].text, gens[0].token_ids, quality, device_label(model)))
     return results
 
 

@@ -17,27 +17,9 @@
 # # 09 · Lecture dashboard (课堂演示面板)
 #
 # One screen for a live lecture: type a prompt, press **step**, and watch the model
-# answer one token at a time, with everything the series explained updating in place:
-#
-# - the **prompt box** (with or without the chat template) and the **sampling
-#   controls**: greedy, temperature, top-k, top-p, min-p, beam search (采样与解码);
-# - **step / run / reset**: the first step is the prefill (预填充), each later one a
-#   decode step (解码);
-# - the **tokens so far**, coloured by the probability the model gave each one;
-# - the **distribution** the last token was drawn from, before and after the filters;
-# - the **attention row** of the newest token over every cached key (layer / head sliders);
-# - the **KV cache** growing by one entry per layer per token, and the **time per
-#   step**: the prefill bar is TTFT, the median decode bar TPOT.
-#
-# It also runs as a page of its own, without code cells, for the projector:
-#
-# ```bash
-# make dashboard                                   # or:
-# .venv/bin/voila notebooks/09_dashboard.ipynb      # then open the address it prints
-# ```
-#
-# (Voila runs the notebook top to bottom and shows only its outputs. On Binder,
-# use the "open the dashboard alone" link in the README.)
+# answer one token at a time while every view of the series updates in place. As a
+# page of its own, without code, for the projector: `make dashboard`, or
+# `.venv/bin/voila notebooks/09_dashboard.ipynb` and open the address it prints.
 
 # %%
 # On Colab only: install labkit and the bundled offline model (elsewhere they are already installed).
@@ -53,17 +35,12 @@ if "google.colab" in sys.modules:
 import labkit
 from labkit import dashboard, viz
 
-model = labkit.load_model()      # the bundled model; on the GPU when there is one
-print(model)
-
-# %% [markdown]
-# Settings for the lecture: the starting prompt, how many tokens a run produces, and
-# `LECTURE_THEME = True` for larger text and thicker lines on a projector.
+model = labkit.load_model(progress=False)   # the bundled model; on the GPU when there is one
 
 # %%
-PROMPT = "The capital of France is"
-MAX_NEW_TOKENS = 24
-LECTURE_THEME = False
+PROMPT = "The capital of France is"         # the starting prompt
+MAX_NEW_TOKENS = 24                         # how many tokens a run produces
+LECTURE_THEME = False                       # True: larger text and thicker lines, for a projector
 
 if LECTURE_THEME:
     viz.lecture_theme()
@@ -71,12 +48,25 @@ dash = dashboard.Dashboard(model, PROMPT, max_new_tokens=MAX_NEW_TOKENS, method=
 dash
 
 # %% [markdown]
-# A suggested script: press **step** once (the prefill: TTFT, the cache jumps to the
-# prompt's length, the first token " Paris" with its distribution); press **step**
-# again (a decode step: one more cache entry, a much shorter bar); then **run**.
-# Reset, choose **top-p** with temperature 1.3 and run a few times; tick **chat
-# template** and ask a question; type a Chinese prompt (法国的首都是) and watch one
-# character take several tokens.
+# What is on the screen:
+#
+# - the **prompt box** (tick **chat template** to wrap it as a chat turn, notebook 01)
+#   and the **sampling controls**: greedy, temperature, top-k, top-p, min-p, beam
+#   search (采样与解码, notebook 05);
+# - **step / run / reset**: the first step is the prefill (预填充), each later one a
+#   decode step (解码); run becomes **stop** while it runs;
+# - the **tokens so far**, coloured by the probability the model gave each one;
+# - the **distribution** the last token was drawn from, before and after the filters;
+# - the newest token's **attention row** over every cached key, for the layer and
+#   head chosen with the sliders (notebook 03);
+# - the **KV cache** growing by one entry per layer per token (notebook 06), and the
+#   **time per step**: the prefill bar is TTFT, the median decode bar TPOT (notebook 07).
+#
+# A suggested script: press **step** once (the prefill: the longest bar, the cache
+# jumps to the prompt's length, " Paris" and its distribution); **step** again (one
+# more cache entry, a much shorter bar); then **run**. Reset, choose **top-p** with
+# temperature 1.3 and run a few times; tick **chat template** and ask a question;
+# type a Chinese prompt (法国的首都是) and watch one character take several tokens.
 #
 # The cell below drives the dashboard from code, as the buttons do, and checks what
 # it shows (nbval runs it in CI), then resets it to the prompt.

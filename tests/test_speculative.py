@@ -1,7 +1,6 @@
 """labkit.speculative: prompt-lookup drafts, verified in one pass, give plain greedy's tokens."""
 
 import pytest
-import torch
 
 import labkit
 from labkit import speculative as S

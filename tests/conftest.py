@@ -15,3 +15,10 @@ def model():
     import labkit
 
     return labkit.load_model(device="cpu", dtype=torch.float32)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Run the browser tests last. Playwright's sync API keeps an asyncio loop
+    running in this thread until the session ends, and code that checks for a
+    running loop (the widgets' debouncing) must not see it in the other tests."""
+    items.sort(key=lambda item: "tests/browser/" in item.nodeid.replace("\\", "/"))

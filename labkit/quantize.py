@@ -64,6 +64,23 @@ PROMPTS = [
 ]
 
 
+# The weight-only kernels are matrix-vector kernels: their time grows with
+# every row of x, which suits decode (1 row) and not a long prefill. For more
+# rows than these it is faster to expand the weights to the activation dtype
+# once and run an ordinary matmul (measured on a 2-core Xeon: a 1536 x 576
+# int8 matrix expands in about the time of 12 kernel rows; an int4 one, whose
+# unpacking takes several passes, in about the time of 140).
+INT8_KERNEL_MAX_ROWS = 16
+INT4_KERNEL_MAX_ROWS = 128
+
+
+def _aligned(x: torch.Tensor) -> torch.Tensor:
+    """x, contiguous and starting on a 64-byte boundary (the kernels use aligned
+    vector loads; a fresh tensor always is, a slice of one may not be)."""
+    x = x.contiguous()
+    return x if x.data_ptr() % 64 == 0 else x.clone()
+
+
 class Int8Linear(nn.Module):
     """A linear layer whose weight is int8, one scale per output row.
 
@@ -75,9 +92,10 @@ class Int8Linear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
         super().__init__()
-        w = weight.detach().float()                                   # (out, in)
+        w = weight.detach().float().contiguous()                      # (out, in); the kernel needs rows
         scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127            # (out,)
-        self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        q = (w / scale[:, None]).round_().clamp_(-127, 127)
+        self.register_buffer("qweight", q.to(torch.int8))
         self.register_buffer("scale", scale.to(dtype))
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
         self.in_features, self.out_features = w.shape[1], w.shape[0]
@@ -87,13 +105,17 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
-        if x.device.type == "cpu":
-            y = torch._weight_int8pack_mm(x2, self.qweight, self.scale)
-        else:   # no fast kernel used here: correct, not faster
+        # The CPU kernel reads 16 values at a time from aligned rows.
+        if x.device.type == "cpu" and len(x2) <= INT8_KERNEL_MAX_ROWS and self.in_features % 16 == 0:
+            y = torch._weight_int8pack_mm(_aligned(x2), self.qweight, self.scale)
+        else:   # prefill (or no kernel here): expand the weights once, then one big matmul
             y = F.linear(x2, self.qweight.to(x.dtype)) * self.scale
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
+
+
+_LAYOUT_OK: dict[tuple[int, int], bool] = {}   # (rows, in) -> does _unpack_cpu read the kernel's layout
 
 
 class Int4Linear(nn.Module):
@@ -101,8 +123,10 @@ class Int4Linear(nn.Module):
     each group with its own scale and zero (asymmetric: a group's minimum and
     maximum are both exact grid points).
 
-    Stored in the layout PyTorch's CPU int4 kernel reads: two weights per byte,
-    and scales_and_zeros of shape (in / group_size, out, 2).
+    On the CPU the weights are stored the way PyTorch's int4 kernel reads
+    them (two per byte, in blocks of 64 output rows), with scales_and_zeros
+    of shape (in / group_size, out, 2). Elsewhere they are stored two per
+    byte in plain row order and de-quantized on every call.
     """
 
     bits = 4
@@ -114,53 +138,73 @@ class Int4Linear(nn.Module):
         n_out, n_in = w.shape
         if n_in % group_size:
             raise ValueError(f"in_features ({n_in}) must be a multiple of group_size ({group_size})")
-        groups = w.view(n_out, n_in // group_size, group_size)
+        self.in_features, self.out_features, self.group_size = n_in, n_out, group_size
+        # The CPU kernel packs rows in blocks of 64: pad with zero rows, and drop
+        # their outputs (only odd shapes such as the tests' tiny vocabularies need it).
+        self.n_rows = -(-n_out // 64) * 64
+        w = F.pad(w, (0, 0, 0, self.n_rows - n_out))
+        groups = w.view(self.n_rows, n_in // group_size, group_size)
         lo, hi = groups.amin(-1), groups.amax(-1)                     # (out, n_groups)
         scale = ((hi - lo) / 15).clamp(min=1e-12)
-        q = torch.round((groups - lo[..., None]) / scale[..., None]).clamp(0, 15)
-        q = q.to(torch.int32).view(n_out, n_in)
+        q = ((groups - lo[..., None]) / scale[..., None]).round_().clamp_(0, 15)
+        q = q.to(torch.int32).view(self.n_rows, n_in)
         # The kernel computes w = (q - 8) * scale + zero, so zero is the value at q = 8.
         zero = lo + 8 * scale
         self.register_buffer("scales_and_zeros", torch.stack([scale.t(), zero.t()], dim=-1).to(dtype).contiguous())
-        self.device_type = w.device.type
-        if self.device_type == "cpu":
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-        else:   # two 4-bit values per byte, de-quantized on every call (no fast kernel used)
-            packed = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
-        self.register_buffer("qweight", packed)
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
-        self.in_features, self.out_features, self.group_size = n_in, n_out, group_size
+        self.on_cpu = w.device.type == "cpu"
+        if self.on_cpu:
+            self.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
+            # A long prefill expands the packed weights (INT4_KERNEL_MAX_ROWS); that relies on
+            # the kernel's layout, so check it (once per shape) and keep to the kernel if it differs.
+            key = (self.n_rows, n_in)
+            if key not in _LAYOUT_OK:
+                _LAYOUT_OK[key] = torch.equal(self._unpack_cpu(), q.to(torch.uint8))
+            self.unpackable = _LAYOUT_OK[key]
+        else:
+            self.register_buffer("qweight", (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8))
+            self.unpackable = True
 
-    def dequantize(self) -> torch.Tensor:
-        """The weights the kernel multiplies by, as fp32 (out, in): for tests and for other devices."""
-        if self.device_type == "cpu":
-            eye = torch.eye(self.in_features, dtype=self.scales_and_zeros.dtype)
-            w_t = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.qweight, self.group_size,
-                                                             self.scales_and_zeros)
-            return w_t.t().float()
-        hi, lo = (self.qweight >> 4).to(torch.int32), (self.qweight & 15).to(torch.int32)
-        q = torch.stack([hi, lo], dim=-1).view(self.out_features, self.in_features).float()
-        sz = self.scales_and_zeros.float()                            # (n_groups, out, 2)
-        scale = sz[..., 0].t().repeat_interleave(self.group_size, dim=1)
-        zero = sz[..., 1].t().repeat_interleave(self.group_size, dim=1)
-        return (q - 8) * scale + zero
+    def _unpack_cpu(self) -> torch.Tensor:
+        """q (out, in) uint8 from the CPU kernel's layout: each block of 64 rows is
+        stored as (in, 32) bytes, row r in the low 4 bits and row r + 32 in the high 4."""
+        packed = self.qweight.view(self.n_rows // 64, self.in_features, 32)
+        q = torch.cat([packed & 15, packed >> 4], dim=-1)             # (blocks, in, 64)
+        return q.transpose(1, 2).reshape(self.n_rows, self.in_features)
+
+    def _unpack(self) -> torch.Tensor:
+        if self.on_cpu:
+            return self._unpack_cpu()
+        q = torch.stack([self.qweight >> 4, self.qweight & 15], dim=-1)
+        return q.view(self.n_rows, self.in_features)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weights the kernel multiplies by, (out, in)."""
+        n_groups = self.in_features // self.group_size
+        q = self._unpack().to(dtype).view(self.n_rows, n_groups, self.group_size)
+        sz = self.scales_and_zeros.to(dtype).transpose(0, 1).contiguous()      # (rows, n_groups, 2)
+        scale, zero = sz[..., 0], sz[..., 1]
+        w = torch.addcmul((zero - 8 * scale)[..., None], q, scale[..., None])
+        return w.view(self.n_rows, self.in_features)[:self.out_features]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
-        if self.device_type == "cpu":
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.qweight, self.group_size,
+        if self.on_cpu and (len(x2) <= INT4_KERNEL_MAX_ROWS or not self.unpackable):
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(_aligned(x2), self.qweight, self.group_size,
                                                            self.scales_and_zeros)
-        else:
-            y = F.linear(x2, self.dequantize().to(x.dtype))
+            y = y[:, :self.out_features]
+        else:   # prefill (or no kernel here): expand the weights once, then one big matmul
+            y = F.linear(x2, self.dequantize(x.dtype))
         if self.bias is not None:
             y = y + self.bias
-        return y.view(*x.shape[:-1], self.out_features)
+        return y.reshape(*x.shape[:-1], self.out_features)
 
 
-def _projections(hf) -> list[tuple[nn.Module, str]]:
-    """(parent, attribute name) of every layer that multiplies by a weight matrix."""
-    return [(parent, name) for parent in hf.modules() for name, child in parent.named_children()
-            if isinstance(child, nn.Linear) or type(child).__name__ == "Conv1D"]
+def _projections(hf) -> dict[str, nn.Module]:
+    """Every layer that multiplies by a weight matrix, by name: nn.Linear, and
+    GPT-2's Conv1D (the same thing with the weight stored transposed)."""
+    return {name: m for name, m in hf.named_modules()
+            if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"}
 
 
 @torch.inference_mode()
@@ -183,23 +227,28 @@ def quantize(model: Model, scheme: str = "int8", *, group_size: int = 32,
         raise ValueError(f"head must be one of {SCHEMES}, got {head!r}")
     if dtype is None:
         dtype = torch.bfloat16 if model.device.type == "cpu" else model.dtype
-    hf = copy.deepcopy(model.hf).to(dtype)
+    layers = _projections(model.hf)
+    lm_head = model.hf.get_output_embeddings()
+    # Copy the model, except the weight matrices about to be replaced (deepcopy
+    # takes what the memo gives for them: nothing). The embedding table is
+    # copied even when the LM head shares it: lookups still need it.
+    table = model.hf.get_input_embeddings().weight
+    memo = {id(m.weight): None for m in layers.values() if m.weight is not table}
+    hf = copy.deepcopy(model.hf, memo).to(dtype)
     # Tied embeddings: the LM head gets its own quantized copy below, and the
     # embedding table keeps the floating-point one for lookups. Untie them in
     # the config, so transformers never re-ties the head to the table.
     hf.config.tie_word_embeddings = False
     if hasattr(hf.config, "get_text_config"):
         hf.config.get_text_config().tie_word_embeddings = False
-    lm_head = hf.get_output_embeddings()
-    for parent, name in _projections(hf):
-        layer = getattr(parent, name)
+    for name, layer in layers.items():
         weight = layer.weight if isinstance(layer, nn.Linear) else layer.weight.t()  # Conv1D: (in, out)
-        kind = head if layer is lm_head else scheme
-        if kind == "int8":
+        if (head if layer is lm_head else scheme) == "int8":
             new = Int8Linear(weight, layer.bias, dtype)
         else:
             new = Int4Linear(weight, layer.bias, dtype, group_size)
-        setattr(parent, name, new)
+        parent, _, attr = name.rpartition(".")
+        setattr(hf.get_submodule(parent), attr, new)
     label = scheme if head == scheme else f"{scheme}, head {head}"
     return Model(hf, model.tokenizer, name=f"{model.name} ({label})")
 

@@ -298,7 +298,7 @@ class Model:
         passes one that uses a KVCache; labkit.fast passes one whose position
         is a tensor, so a CUDA graph can replay the same step at every position.
         """
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() if trace else 0.0    # timed only when recording (keeps torch.compile happy)
         x = self.embed(ids, positions)                                  # (B, T, d)
         rope = self._rope(positions, x.dtype) if self.config.family == "llama" else None
         if trace:

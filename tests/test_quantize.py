@@ -36,7 +36,8 @@ def test_int8_layer_rounding_and_kernel():
     assert torch.allclose(layer(x), ref, atol=1e-4)
     xb = x.bfloat16()
     layer16 = Int8Linear(w, b, torch.bfloat16)
-    assert (layer16(xb).float() - ref).abs().max() < 0.1
+    # bf16 keeps 8 bits of mantissa: the error is a fraction of a percent of the outputs' size.
+    assert (layer16(xb).float() - ref).abs().max() < 0.02 * ref.abs().max()
 
 
 def test_int4_layer_rounding_and_kernel():

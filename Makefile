@@ -42,7 +42,7 @@ TEST_ENV := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
 # Jupyter refuses to run as root unless told to.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: help lab test install system-deps sync dashboard clean distclean FORCE
+.PHONY: help lab test test-browser install system-deps sync dashboard clean distclean FORCE
 
 help:
 	@echo "make lab    - install into $(VENV) and open JupyterLab on $(FIRST_NOTEBOOK)"
@@ -84,8 +84,14 @@ system-deps:
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) --ServerApp.root_dir=. $(LAB_ARGS) $(FIRST_NOTEBOOK)
 
+# The browser tests (tests/browser, JupyterLab and Voila in headless Chromium)
+# are not yet reliable on a 2-core machine, so `make test` leaves them out for
+# now and `make test-browser` runs them; see the issue tracker.
 test: $(STAMP) system-deps
-	$(TEST_ENV) $(PY) -m pytest tests $(NOTEBOOKS) $(NBVAL_ARGS) $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest tests $(NOTEBOOKS) $(NBVAL_ARGS) -m "not browser" $(PYTEST_ARGS)
+
+test-browser: $(STAMP) system-deps
+	$(TEST_ENV) $(PY) -m pytest tests/browser $(PYTEST_ARGS)
 
 # --- helpers ----------------------------------------------------------------
 

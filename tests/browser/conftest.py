@@ -112,10 +112,9 @@ def is_local(url: str) -> bool:
     return urlparse(url).hostname in LOCAL_HOSTS
 
 
-def venv_tool(name: str) -> str:
-    """A console script of the Python running pytest (the project's .venv)."""
-    exe = Path(sys.executable).parent / name
-    return str(exe) if exe.exists() else name
+def python_module(name: str) -> list[str]:
+    """Run a module with the Python running pytest (the project's .venv)."""
+    return [sys.executable, "-m", name]
 
 
 # ----------------------------------------------------------------------------
@@ -196,15 +195,14 @@ def jupyter_env(home: Path) -> dict:
         PATH=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""),
         PYTHONUNBUFFERED="1",
     )
-    env.pop("JUPYTER_PATH", None)
     return env
 
 
-def copy_notebooks(dest: Path) -> Path:
-    """notebooks/ copied (outputs the browser makes stay in the copy)."""
+def copy_notebooks(dest: Path, source: Path = NOTEBOOKS) -> Path:
+    """`source` copied to dest/notebooks (what the browser changes stays in the copy)."""
     target = dest / "notebooks"
-    if NOTEBOOKS.is_dir():
-        shutil.copytree(NOTEBOOKS, target, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    if source.is_dir():
+        shutil.copytree(source, target, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
     else:
         target.mkdir(parents=True)
     return target
@@ -224,6 +222,9 @@ def browser(playwright_module):
     """One headless Chromium for the session (Debian's, never a download)."""
     require(os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK),
             f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium; or set LABKIT_CHROMIUM)")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for old in ARTIFACTS.glob("*.png"):          # the screenshots are of this run only
+        old.unlink()
     with playwright_module.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
                               timeout=seconds(120) * 1000)
@@ -231,13 +232,12 @@ def browser(playwright_module):
         b.close()
 
 
-@pytest.fixture(scope="session")
-def lab_server(browser, tmp_path_factory):
-    """JupyterLab serving a copy of notebooks/ (at /lab/tree/notebooks/...)."""
-    home = tmp_path_factory.mktemp("jupyterlab")
+def start_jupyterlab(home: Path, notebooks: Path = NOTEBOOKS) -> Server:
+    """JupyterLab serving a copy of `notebooks` at /lab/tree/notebooks/..., with its
+    own settings (LAB_SETTINGS), workspaces and Jupyter folders under `home`."""
     root = home / "root"
-    root.mkdir()
-    copy_notebooks(root)
+    root.mkdir(parents=True)
+    copy_notebooks(root, notebooks)
     settings = home / "settings"
     for name, values in LAB_SETTINGS.items():
         f = settings / f"{name}.jupyterlab-settings"
@@ -245,7 +245,7 @@ def lab_server(browser, tmp_path_factory):
         f.write_text(json.dumps(values))
     (home / "workspaces").mkdir()
     port = free_port()
-    cmd = [venv_tool("jupyter-lab"), "--no-browser", "--allow-root", f"--port={port}", "--ip=127.0.0.1",
+    cmd = [*python_module("jupyterlab"), "--no-browser", "--allow-root", f"--port={port}", "--ip=127.0.0.1",
            "--ServerApp.port_retries=0",
            "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
            f"--ServerApp.root_dir={root}",
@@ -254,31 +254,34 @@ def lab_server(browser, tmp_path_factory):
            f"--LabApp.user_settings_dir={settings}",
            f"--LabApp.workspaces_dir={home / 'workspaces'}",
            "--LabApp.expose_app_in_browser=True",       # window.jupyterapp: run commands, read cells
-           "--ServerApp.shutdown_no_activity_timeout=3600",
            "--MappingKernelManager.cull_idle_timeout=0"]
-    server = Server("JupyterLab", cmd, port, "/api/status", jupyter_env(home), root,
-                    ARTIFACTS / "jupyterlab.log")
-    server.root = root
+    return Server("JupyterLab", cmd, port, "/api/status", jupyter_env(home), root, ARTIFACTS / "jupyterlab.log")
+
+
+def start_voila(home: Path, notebook: Path) -> Server:
+    """Voila showing a copy of `notebook` (its folder copied alongside) at /."""
+    root = copy_notebooks(home, notebook.parent)
+    cmd = [*python_module("voila"), "--no-browser", f"--port={(port := free_port())}", "--Voila.ip=127.0.0.1",
+           "--Voila.port_retries=0", "--show_tracebacks=True", str(root / notebook.name)]
+    return Server("Voila", cmd, port, "/voila/static/voila.js", jupyter_env(home), root, ARTIFACTS / "voila.log")
+
+
+@pytest.fixture(scope="session")
+def lab_server(browser, tmp_path_factory):
+    """JupyterLab serving a copy of notebooks/ (at /lab/tree/notebooks/...)."""
+    server = start_jupyterlab(tmp_path_factory.mktemp("jupyterlab"))
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="session")
 def voila_server(browser, tmp_path_factory):
-    """Voila serving the lecture dashboard (a copy of notebooks/09_dashboard.ipynb) at /."""
+    """Voila serving the lecture dashboard (a copy of notebooks/09_dashboard.ipynb) at /.
+    LABKIT_BROWSER_DASHBOARD=path serves another notebook instead."""
     nb = Path(os.environ.get("LABKIT_BROWSER_DASHBOARD", NOTEBOOKS / "09_dashboard.ipynb"))
     if not nb.exists():
-        pytest.fail(f"{nb} is missing: the lecture dashboard is part of the course",
-                    pytrace=False)
-    home = tmp_path_factory.mktemp("voila")
-    root = copy_notebooks(home)
-    if not (root / nb.name).exists():
-        shutil.copy(nb, root / nb.name)
-    port = free_port()
-    cmd = [venv_tool("voila"), "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1",
-           "--Voila.port_retries=0", "--show_tracebacks=True", str(root / nb.name)]
-    server = Server("Voila", cmd, port, "/voila/static/voila.js", jupyter_env(home), root,
-                    ARTIFACTS / "voila.log")
+        pytest.fail(f"{nb} is missing: the lecture dashboard is part of the course", pytrace=False)
+    server = start_voila(tmp_path_factory.mktemp("voila"), nb)
     yield server
     server.stop()
 
@@ -298,4 +301,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                       + (f"  {interactions}" if interactions else ""))
         for e in sorted(set(r.page_errors))[:3]:
             tr.write_line(f"{'':<22} JS error: {e[:150]}")
+        for e in sorted(set(r.console_errors))[:3]:
+            tr.write_line(f"{'':<22} console: {e[:150]}")
+        if r.blank:
+            tr.write_line(f"{'':<22} blank charts (plotly placeholder): {r.blank}")
     tr.write_line(f"screenshots and server logs: {ARTIFACTS}")

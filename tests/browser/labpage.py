@@ -29,6 +29,7 @@ class Slide:
     label: str
     presses: int = 3
     index: int = 0
+    changes: int = 1        # at least this many charts in the view must change
 
     def __str__(self) -> str:
         return f"slide '{self.label}'"
@@ -39,6 +40,7 @@ class Click:
     """Click the `index`-th button labelled `label`; a chart in the same view must change."""
     label: str
     index: int = 0
+    changes: int = 1
 
     def __str__(self) -> str:
         return f"click '{self.label}'"
@@ -51,6 +53,7 @@ class Type:
     label: str
     text: str
     index: int = 0
+    changes: int = 1
 
     def __str__(self) -> str:
         return f"type {self.text!r} into '{self.label}'"
@@ -76,11 +79,13 @@ class PageReport:
     errors: list[str] = field(default_factory=list)        # failed cells, tracebacks on the page
     dialogs: list[str] = field(default_factory=list)       # e.g. "Select Kernel"
     charts: int = 0                       # rendered plotly charts
+    blank: list[int] = field(default_factory=list)   # charts that show plotly's empty placeholder
     controls: int = 0                     # sliders, buttons, dropdowns, text boxes, checkboxes
     titles: list[str] = field(default_factory=list)
     interactions: list[Interaction] = field(default_factory=list)
     outside_requests: list[str] = field(default_factory=list)
     page_errors: list[str] = field(default_factory=list)    # uncaught JS errors
+    console_errors: list[str] = field(default_factory=list)  # console.error lines (diagnostics only)
     screenshots: list[Path] = field(default_factory=list)
     unfinished: str = ""                  # why the run did not finish (timeout, ...)
 
@@ -106,8 +111,10 @@ JS_CHARTS = r"""
     // text drawn in the plot area and annotations (token labels, not axes)
     const text = [...p.querySelectorAll('.textpoint text, text.bartext, .annotation-text-g text')]
       .map((e) => e.textContent).join(' ');
-    return {title: t ? t.textContent.replace(/\u200b/g, ' ').trim() : '', sig: hash(svg), text,
-            w: p.offsetWidth, h: p.offsetHeight};
+    const title = t ? t.textContent.replace(/\u200b/g, ' ').trim() : '';
+    // blank: plotly's empty placeholder (no title, no trace): the figure never reached the page
+    const blank = !title && !(p.data && p.data.length) && !p.querySelector('.trace, .annotation, .shapelayer path');
+    return {title, sig: hash(svg), text, blank, w: p.offsetWidth, h: p.offsetHeight};
   });
 }
 """
@@ -135,6 +142,11 @@ JS_MARK_TARGET = r"""
       const l = s.querySelector('.widget-label');
       return l && l.textContent.trim() === label;
     }).map((s) => s.querySelector('.noUi-handle') || s.querySelector('input[type=range]'));
+  } else if (kind === 'text') {
+    found = [...document.querySelectorAll('.widget-textarea, .widget-text')].filter((s) => {
+      const l = s.querySelector('.widget-label');
+      return l && l.textContent.trim() === label;
+    }).map((s) => s.querySelector('textarea, input'));
   } else {
     found = [...document.querySelectorAll('button')].filter((b) => b.textContent.trim() === label);
   }
@@ -194,6 +206,7 @@ def new_page(browser, report: PageReport, viewport=None):
     page = context.new_page()
     page.on("websocket", lambda ws: None if is_local(ws.url) else report.outside_requests.append(ws.url))
     page.on("pageerror", lambda e: report.page_errors.append(f"{e.name}: {e.message}"))
+    page.on("console", lambda m: report.console_errors.append(m.text[:500]) if m.type == "error" else None)
     page.set_default_timeout(seconds(60) * 1000)
     return context, page
 
@@ -218,12 +231,15 @@ def interact(page, action: Slide | Click | Type, timeout: float | None = None) -
     start = time.monotonic()
     if isinstance(action, Slide):
         control.focus()
-        key = "ArrowRight" if action.presses >= 0 else "ArrowLeft"
-        for _ in range(abs(action.presses)):
-            page.keyboard.press(key)
-            page.wait_for_timeout(100)
-        readout = page.evaluate(JS_READOUT)
-        if readout == info["readout"]:
+        keys = ["ArrowRight", "ArrowLeft"] if action.presses >= 0 else ["ArrowLeft", "ArrowRight"]
+        for key in keys:            # the other way when the slider starts at its end
+            for _ in range(abs(action.presses)):
+                page.keyboard.press(key)
+                page.wait_for_timeout(100)
+            readout = page.evaluate(JS_READOUT)
+            if readout != info["readout"]:
+                break
+        else:
             result.problem = f"the slider '{action.label}' did not move (readout stays {readout})"
             return result
     elif isinstance(action, Type):
@@ -233,20 +249,29 @@ def interact(page, action: Slide | Click | Type, timeout: float | None = None) -
     else:
         control.click()
     deadline = start + timeout
+    want = min(action.changes, len(before))
+    changed: set[int] = set()
+    first = None
     while time.monotonic() < deadline:
         now = chart_state(page, scope.element_handle())
-        if [c["sig"] for c in now] != [c["sig"] for c in before]:
+        changed |= {i for i, (b, a) in enumerate(zip(before, now)) if b["sig"] != a["sig"]}
+        if changed and first is None:
+            first = time.monotonic() - start
+        if len(changed) >= want:
             # Let the rest of the redraw land, then read the titles it ended with.
             page.wait_for_timeout(1000)
             now = chart_state(page, scope.element_handle())
-            result.ok, result.seconds = True, time.monotonic() - start
+            result.ok, result.seconds = True, first
             result.after, result.charts_after = [c["title"] for c in now], now
             break
         page.wait_for_timeout(250)
     else:
         result.seconds = time.monotonic() - start
-        result.problem = (f"no chart in the view changed within {timeout:.0f} s of {action} "
-                          f"(charts: {result.before})")
+        now = chart_state(page, scope.element_handle())
+        result.after, result.charts_after = [c["title"] for c in now], now
+        stuck = [c["title"] or "(blank chart)" for i, c in enumerate(now) if i not in changed]
+        result.problem = (f"{len(changed)} of the {len(before)} charts in the view changed within "
+                          f"{timeout:.0f} s of {action} (wanted {want}); unchanged: {stuck}")
     errors = page_text_errors(scope.inner_text())
     if errors:
         result.ok = False
@@ -268,10 +293,10 @@ def shoot_tall(page, name: str, scroller_js: str) -> list[Path]:
     client = int(page.evaluate(f"() => ({scroller_js}).clientHeight"))
     chrome = VIEWPORT["height"] - client                 # menus, toolbars around the panel
     paths = []
-    piece = min(height, MAX_SHOT_HEIGHT)
+    n = max(1, -(-height // MAX_SHOT_HEIGHT))
+    piece = -(-height // n)                              # n equal pieces
     page.set_viewport_size({"width": VIEWPORT["width"], "height": piece + chrome})
     page.wait_for_timeout(1500)                          # relayout of responsive charts
-    n = max(1, -(-height // piece))
     for i in range(n):
         page.evaluate(f"() => {{ ({scroller_js}).scrollTop = {i * piece}; }}")
         page.wait_for_timeout(300)
@@ -417,14 +442,15 @@ def run_in_jupyterlab(browser, server, name: str, interactions=(), timeout: floa
         report.errors += page_text_errors(page.evaluate(f"() => {SCROLLER}.innerText"))
         charts = chart_state(page)
         report.charts = len(charts)
+        report.blank = [i for i, c in enumerate(charts) if c["blank"]]
         report.titles = [c["title"] for c in charts]
         report.controls = page.evaluate(JS_COUNT_CONTROLS)
         report.screenshots += shoot_tall(page, f"lab-{name}", SCROLLER)
-        for action in interactions:
+        for k, action in enumerate(interactions, 1):
             result = interact(page, action)
             report.interactions.append(result)
             if page.locator('[data-labkit-target="scope"]').count():
-                label = re.sub(r"[^A-Za-z0-9]+", "-", str(action)).strip("-")
+                label = f"{k}-" + re.sub(r"[^A-Za-z0-9]+", "-", str(action)).strip("-")
                 page.set_viewport_size({"width": VIEWPORT["width"], "height": 3000})
                 page.wait_for_timeout(1000)
                 report.screenshots.append(
@@ -484,6 +510,7 @@ def run_in_voila(browser, server, name: str, interactions=(), timeout: float | N
         report.errors += page_text_errors(page.evaluate("() => document.body.innerText"))
         charts = chart_state(page)
         report.charts = len(charts)
+        report.blank = [i for i, c in enumerate(charts) if c["blank"]]
         report.titles = [c["title"] for c in charts]
         report.controls = page.evaluate(JS_COUNT_CONTROLS)
         report.screenshots += shoot_tall(page, f"voila-{name}", PAGE_SCROLLER)

@@ -37,16 +37,24 @@ class Expect:
 
 
 EXPECT: dict[str, Expect] = {
-    "00_overview": Expect(charts=7, controls=9, interactions=(Click("step"), Click("step"))),
-    "01_tokenization": Expect(charts=6, controls=2, interactions=(Type("text", " Berlin"),)),
-    "02_embeddings": Expect(charts=1, controls=2, interactions=(Slide("position"),)),
-    "03_attention": Expect(charts=7, controls=2, interactions=(Slide("layer"), Slide("head"))),
+    # LiveGeneration: a step redraws tokens, distribution, attention row and KV cache
+    "00_overview": Expect(charts=7, controls=10, interactions=(Click("step", changes=4),)),
+    # TokenizerView: typing redraws the token strip and the table
+    "01_tokenization": Expect(charts=6, controls=2, interactions=(Type("text", " Berlin", changes=2),)),
+    # PositionExplorer: the position moves the marks on both charts
+    "02_embeddings_positions": Expect(charts=8, controls=2, interactions=(Slide("position", changes=2),)),
+    # AttentionExplorer: the layer redraws the head pattern and the grid; the head, the pattern
+    "03_attention": Expect(charts=8, controls=2, interactions=(Slide("layer", changes=2), Slide("head"))),
     "04_forward_pass": Expect(charts=2),
-    "05_sampling": Expect(charts=2, controls=6, interactions=(Slide("temperature"), Click("sample"))),
-    "06_kv_cache": Expect(charts=8, controls=10, interactions=(Click("step"), Slide("prompt length (tokens)", -4))),
-    "07_prefill_decode": Expect(charts=2),
-    "08_optimisations": Expect(charts=1),
-    "09_dashboard": Expect(charts=4, controls=8, interactions=(Click("step"),)),
+    # SamplingExplorer: temperature re-filters the distribution; sample marks a bar
+    "05_sampling": Expect(charts=9, controls=16, interactions=(Slide("temperature"), Click("sample"))),
+    # LiveGeneration, then PromptLengthExplorer (a shorter prompt: TTFT point and cache bars)
+    "06_kv_cache": Expect(charts=10, controls=12, interactions=(Click("step", changes=4),
+                                                              Slide("prompt length (tokens)", -4, changes=2))),
+    "07_prefill_vs_decode": Expect(charts=5),
+    "08_optimisations": Expect(charts=5),
+    # the lecture dashboard: a step redraws all five charts
+    "09_dashboard": Expect(charts=5, controls=13, interactions=(Click("step", changes=5),)),
 }
 
 NAMES = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
@@ -103,6 +111,9 @@ def test_charts_and_controls_render(lab_run, name):
     assert report.charts >= expect.charts, (
         f"{name}: {report.charts} plotly charts rendered, expected at least {expect.charts}; "
         f"titles: {report.titles}; JS errors: {report.page_errors[:5]}")
+    assert not report.blank, (
+        f"{name}: charts {report.blank} (of {report.charts}, counted from the top) show plotly's empty "
+        f"placeholder: the figure never reached the page. JS errors: {sorted(set(report.page_errors))[:3]}")
     assert report.controls >= expect.controls, (
         f"{name}: {report.controls} controls rendered, expected at least {expect.controls}")
 

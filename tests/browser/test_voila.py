@@ -16,7 +16,7 @@ pytestmark = pytest.mark.browser
 
 MIN_CHARTS = 5          # tokens, distribution, attention row, KV cache, time per step
 MIN_CONTROLS = 10       # prompt, chat box, max tokens, step / run / reset, method + 4 sampling sliders
-STEPS = (Click("step"), Click("step"))
+STEPS = (Click("step", changes=MIN_CHARTS), Click("step", changes=MIN_CHARTS))
 
 
 @pytest.fixture(scope="session")
@@ -35,6 +35,8 @@ def test_dashboard_renders_controls_and_charts(dashboard):
     loaded(dashboard)
     assert dashboard.charts >= MIN_CHARTS, (f"{dashboard.charts} plotly charts, expected {MIN_CHARTS}: "
                                             f"{dashboard.titles}; JS errors: {dashboard.page_errors[:5]}")
+    assert not dashboard.blank, (f"charts {dashboard.blank} show plotly's empty placeholder; "
+                                 f"JS errors: {sorted(set(dashboard.page_errors))[:3]}")
     assert dashboard.controls >= MIN_CONTROLS, f"{dashboard.controls} controls, expected {MIN_CONTROLS}"
 
 

@@ -84,7 +84,7 @@ class Generation:
 
 def prefill(model, ids: torch.Tensor, cache: KVCache | None, record: bool = False):
     """Run the whole prompt at once; return the logits of its last position."""
-    out = model.forward(ids, cache=cache, record=record)
+    out = model.forward(ids, cache=cache, record=record, last_only=True)
     logits, trace = out if record else (out, None)
     return logits[..., -1, :], trace
 

@@ -252,13 +252,14 @@ class Model:
     # -- the forward pass -------------------------------------------------------
 
     @torch.inference_mode()
-    def forward(self, ids, cache: KVCache | None = None, record: bool = False):
+    def forward(self, ids, cache: KVCache | None = None, record: bool = False, last_only: bool = False):
         """Logits for every position of `ids`.
 
         ids: token ids, shape (T,) or (B, T), list or tensor.
         cache: a KVCache; the new positions' K and V are written after the ones
           it holds, and attention reads all of them. None: attend within ids only.
         record: also return a Trace (attention probabilities, hidden states, timings).
+        last_only: return the logits of the last position only, (1, vocab) (prefill).
 
         Returns logits (T, vocab) or (B, T, vocab), and the Trace when record=True.
         """
@@ -280,7 +281,7 @@ class Model:
             return self._attend(i, q, k, v, start, cache, trace, by_hand)
 
         positions = torch.arange(start, start + T, device=self.device)
-        logits = self.run_blocks(ids, positions, attend, trace)         # (B, T, vocab)
+        logits = self.run_blocks(ids, positions, attend, trace, last_only)   # (B, T or 1, vocab)
         if cache is not None:
             cache.length += T
         if not batched:
@@ -290,7 +291,8 @@ class Model:
         trace.finish(batched)
         return logits, trace
 
-    def run_blocks(self, ids: torch.Tensor, positions: torch.Tensor, attend, trace: Trace | None = None):
+    def run_blocks(self, ids: torch.Tensor, positions: torch.Tensor, attend, trace: Trace | None = None,
+                   last_only: bool = False):
         """Embeddings -> every block -> logits, for ids (B, T) at `positions` (T,).
 
         attend(layer, q, k, v) stores the new K, V wherever the caller keeps
@@ -311,6 +313,10 @@ class Model:
             if trace:
                 trace.hidden.append(x)
                 trace.layer_seconds.append(time.perf_counter() - t0 - sum(trace.layer_seconds))
+        if last_only:
+            # Generation needs only the last position's scores: skipping the LM
+            # head for the others saves 2 x d_model x vocab FLOPs per prompt token.
+            x = x[:, -1:]
         logits = self.unembed(x)                                        # (B, T, vocab)
         if trace:
             trace.seconds = time.perf_counter() - t0

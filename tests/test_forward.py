@@ -143,3 +143,10 @@ def test_batched_forward_equals_rows(model):
     both = model.forward(torch.stack([a, b]))
     assert both.shape == (2, len(a), model.config.vocab_size)
     assert (both[1] - model.forward(b)).abs().max() <= 1e-4
+
+
+def test_last_only_equals_the_last_row(model):
+    ids = labkit.encode(model, "The capital of France is").ids
+    last = model.forward(ids, last_only=True)
+    assert last.shape == (1, model.config.vocab_size)
+    assert (last[0] - model.forward(ids)[-1]).abs().max() <= 1e-5

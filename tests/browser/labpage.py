@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conftest import ARTIFACTS, is_local, seconds
+from servers import ARTIFACTS, is_local, seconds
 
 VIEWPORT = {"width": 1280, "height": 800}     # a common projector resolution
 MAX_SHOT_HEIGHT = 12000                        # Chromium's limit is 16384 px; pieces beyond this
@@ -123,14 +123,27 @@ CONTROLS = ("input[type=range], .widget-slider, .jupyter-widgets.widget-dropdown
             ".widget-text, .widget-textarea, .widget-checkbox, .widget-toggle-buttons")
 JS_COUNT_CONTROLS = f"() => document.querySelectorAll({CONTROLS!r}).length"
 
-# Text on the page that means something went wrong where a student would see it.
+# Text in an output that means something went wrong where a student would see it.
 ERROR_PATTERNS = [
     r"Traceback \(most recent call last\)",
     r"There was an error when executing cell",            # Voila without --show_tracebacks
     r"Error displaying widget",                           # ipywidgets: a view could not render
     r"Failed to (load|create) (model|view) class",
-    r"\btraceback\b",                                     # labkit views: error line with a traceback summary
 ]
+
+# The text of every output under `root`, and the error lines of labkit views (an
+# HTML widget with a <details><summary>traceback</summary> block).
+JS_OUTPUT_TEXT = r"""
+(root) => {
+  root = root || document;
+  const outputs = [...root.querySelectorAll('.jp-OutputArea-output')];
+  if (root.matches && root.matches('.jp-OutputArea-output')) outputs.push(root);
+  const viewErrors = [...root.querySelectorAll('.widget-html details > summary')]
+    .filter((s) => s.textContent.trim() === 'traceback')
+    .map((s) => 'labkit view error: ' + s.closest('.widget-html').innerText.slice(0, 600));
+  return outputs.map((o) => o.innerText).join('\n') + '\n' + viewErrors.join('\n');
+}
+"""
 
 # Marks the `index`-th control of a kind with a label, and returns the output area around it.
 JS_MARK_TARGET = r"""
@@ -175,12 +188,18 @@ def chart_state(page, scope=None) -> list[dict]:
     return scope.evaluate(JS_CHARTS)
 
 
+def output_errors(page, root=None) -> list[str]:
+    """Errors shown in the outputs under `root` (the whole page by default)."""
+    text = page.evaluate(JS_OUTPUT_TEXT) if root is None else root.evaluate(JS_OUTPUT_TEXT)
+    return page_text_errors(text)
+
+
 def page_text_errors(text: str) -> list[str]:
-    found = []
+    found = [line for line in text.splitlines() if line.startswith("labkit view error: ")]
     for pat in ERROR_PATTERNS:
         for m in re.finditer(pat, text):
-            start = max(0, m.start() - 200)
-            found.append(text[start:m.end() + 300].strip())
+            start = text.rfind("\n", 0, m.start()) + 1        # from the start of its line
+            found.append(text[start:m.end() + 800].strip())
             break
     return found
 
@@ -272,7 +291,7 @@ def interact(page, action: Slide | Click | Type, timeout: float | None = None) -
         stuck = [c["title"] or "(blank chart)" for i, c in enumerate(now) if i not in changed]
         result.problem = (f"{len(changed)} of the {len(before)} charts in the view changed within "
                           f"{timeout:.0f} s of {action} (wanted {want}); unchanged: {stuck}")
-    errors = page_text_errors(scope.inner_text())
+    errors = output_errors(page, scope.element_handle())
     if errors:
         result.ok = False
         result.problem = (result.problem + "; " if result.problem else "") + "error shown in the view: " + errors[0]
@@ -439,7 +458,7 @@ def run_in_jupyterlab(browser, server, name: str, interactions=(), timeout: floa
             if never:
                 report.errors.append(f"{len(never)} code cell(s) never ran, first: cell {never[0]['index'] + 1} "
                                      f"({never[0]['source']!r})")
-        report.errors += page_text_errors(page.evaluate(f"() => {SCROLLER}.innerText"))
+        report.errors += output_errors(page)
         charts = chart_state(page)
         report.charts = len(charts)
         report.blank = [i for i, c in enumerate(charts) if c["blank"]]
@@ -507,7 +526,7 @@ def run_in_voila(browser, server, name: str, interactions=(), timeout: float | N
             return report
         report.seconds = time.monotonic() - start
         wait_for_charts(page, seconds(60))
-        report.errors += page_text_errors(page.evaluate("() => document.body.innerText"))
+        report.errors += output_errors(page)
         charts = chart_state(page)
         report.charts = len(charts)
         report.blank = [i for i, c in enumerate(charts) if c["blank"]]
@@ -519,7 +538,7 @@ def run_in_voila(browser, server, name: str, interactions=(), timeout: float | N
             report.interactions.append(result)
         report.screenshots.append(shoot(page, f"voila-{name}-after-interaction"))
         report.screenshots += shoot_tall(page, f"voila-{name}-after-interaction-full", PAGE_SCROLLER)
-        report.errors += page_text_errors(page.evaluate("() => document.body.innerText"))
+        report.errors = list(dict.fromkeys(report.errors + output_errors(page)))
         return report
     finally:
         report.seconds = report.seconds or time.monotonic() - start

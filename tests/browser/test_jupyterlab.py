@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from conftest import NOTEBOOKS
+from servers import NOTEBOOKS
 from labpage import Click, PageReport, Slide, Type, run_in_jupyterlab
 
 pytestmark = pytest.mark.browser

@@ -305,7 +305,7 @@ def timeline_chart(results: dict[str, BatchingResult] | list[BatchingResult],
     fig.update_layout(title=viz._title(title, f"max batch {max_batch}, {len(results[0].records)} requests"),
                       barmode="overlay", bargap=0.25, width=1000, height=260 * n + 340, margin=dict(t=140),
                       legend=dict(orientation="h", yanchor="bottom", y=1.04, x=1, xanchor="right"))
-    return fig
+    return viz.fit_title(fig)
 
 
 def summary_chart(results: dict[str, BatchingResult] | list[BatchingResult],
@@ -325,5 +325,5 @@ def summary_chart(results: dict[str, BatchingResult] | list[BatchingResult],
                              marker_color=[colours.get(r.policy, viz.GREEN) for r in results],
                              hovertemplate=f"%{{x}}<br>{name}: %{{y:.3g}}<extra></extra>"), row=1, col=col)
         fig.update_yaxes(rangemode="tozero", range=[0, max(values) * 1.25], row=1, col=col)
-    fig.update_layout(title=viz._title(title, "same requests, same step costs"), width=1100, height=420)
-    return fig
+    fig.update_layout(title=viz._title(title, "same requests, same step costs"), width=1050, height=420)
+    return viz.fit_title(fig)

@@ -3,14 +3,14 @@
     dash = labkit.dashboard.Dashboard(model)
     dash                      # a cell ending in it shows it; or `voila notebooks/09_dashboard.ipynb`
 
-What is on the screen (three charts a row where the screen is wide):
+What is on the screen (two columns of charts, side by side from 1280 pixels wide):
 
     prompt box | "chat template" box, max-new-tokens slider, step / run / reset
     sampling controls (method, temperature, top-k, top-p, min-p) | the text so far, the last
                                                                   token, TTFT, TPOT, cache size
-    generated tokens, coloured by probability | the distribution the last token was drawn from |
-        the newest token's attention row (layer / head sliders)
-    KV cache growth | time per step (prefill = TTFT, decode = TPOT)
+    generated tokens, coloured by probability  | the newest token's attention row (layer / head)
+    the distribution the last token was drawn  | KV cache growth
+      from (taller: it has a legend and labels)| time per step (prefill = TTFT, decode = TPOT)
 
 It is built from labkit.widgets.LiveGeneration (controls, buttons, tokens,
 distribution, attention row, cache chart), laid out for a projector, plus
@@ -42,10 +42,12 @@ from . import widgets as W
 from .encode import encode
 from .widgets import FigureBox, LiveGeneration, View, _slider_style, _visible
 
-# Chart sizes that put three charts side by side, two rows, on a 1920 x 1080 projector
-# (they wrap into fewer columns on a smaller screen; browser zoom does the rest).
-CHART_WIDTH = 620
-CHART_HEIGHT = 340
+# Chart sizes that put the two columns side by side on a 1280-pixel-wide screen
+# (a laptop on a projector); on a narrower one the columns stack, and browser
+# zoom does the rest. The distribution chart is TALL times higher than the others.
+CHART_WIDTH = 590
+CHART_HEIGHT = 320
+TALL = 1.5
 
 
 def in_voila() -> bool:
@@ -150,11 +152,16 @@ class Dashboard(View):
                 live.boxes[name] = PageFigure(box.figure)
         self.boxes = dict(live.boxes)
         self.boxes["timing"] = (FigureBox if figure_widgets else PageFigure)(self._timing_figure())
-        # Smaller charts, so that three fit side by side on a 1920-pixel screen (and wrap on
-        # a narrower one); the boxes keep this size at every update.
-        for box in self.boxes.values():
-            box.width, box.height = chart_width, chart_height
-            box.widget.layout.min_height = f"{chart_height}px"
+        # Smaller charts, so that two columns fit side by side; the boxes keep this
+        # size at every update, so the page does not jump while tokens stream in.
+        for name, box in self.boxes.items():
+            height = int(chart_height * (TALL if name == "distribution" else 1))
+            if name == "tokens":
+                # The token strip keeps its own height (rows for max_new_tokens tokens):
+                # a taller figure would stretch the boxes, not add rows.
+                height = int(box.figure.layout.height)
+            box.width, box.height = chart_width, height
+            box.widget.layout.min_height = f"{height}px"
             box.widget.layout.width = f"{chart_width + 10}px"
             box.update(box.figure)
         self._redraw_timing()
@@ -167,11 +174,12 @@ class Dashboard(View):
         readout = widgets.VBox([live.status, self.timing],
                                layout=widgets.Layout(flex="1 1 400px", margin="0 0 0 2em"))
         b = self.boxes
+        column = widgets.Layout(width=f"{chart_width + 20}px")
         charts = widgets.HBox(
-            [b["tokens"].widget, b["distribution"].widget,
-             widgets.VBox([self.selectors.widget, b["attention"].widget], layout=widgets.Layout(width="auto")),
-             b["cache"].widget, b["timing"].widget],
-            layout=widgets.Layout(flex_flow="row wrap", align_items="flex-end"))
+            [widgets.VBox([b["tokens"].widget, b["distribution"].widget], layout=column),
+             widgets.VBox([self.selectors.widget, b["attention"].widget, b["cache"].widget,
+                           b["timing"].widget], layout=column)],
+            layout=widgets.Layout(flex_flow="row wrap", align_items="flex-start"))
         self.widget = widgets.VBox([header, widgets.HBox([live.controls.widget, readout]), self.error, live.error,
                                     charts])
 
@@ -236,7 +244,7 @@ class Dashboard(View):
         if len(live.seconds) > 1:
             parts.append(f"TPOT <b>{self.tpot_s * 1e3:.0f} ms</b> ({1 / self.tpot_s:.1f} tokens/s)")
         if live.cache_bytes:
-            parts.append(f"KV cache {live.cache.length} positions = {live.cache_bytes[-1] / 2**10:,.0f} KiB")
+            parts.append(f"KV cache {live.cache.length} positions = {viz.format_bytes(live.cache_bytes[-1])}")
         if live.token_ids:
             parts.append(f"last token <b>{html.escape(_visible(live.tokens[-1]))}</b> "
                          f"(p = {live.probs[-1]:.2f})")

@@ -227,4 +227,4 @@ def tiles_chart(n_queries: int, n_keys: int, block_size: int, causal: bool = Tru
            f"{min(block_size, n_queries)} x {min(block_size, n_keys)} tile = {held:,}")
     fig.update_layout(title=viz._title(title, sub), width=900, height=620, margin=dict(t=110),
                       legend=dict(x=1.02, y=1, xanchor="left", yanchor="top"))
-    return fig
+    return viz.fit_title(fig)

@@ -471,7 +471,7 @@ def ttft_chart(sweep: TTFTSweep, title: str = "Prefill time (TTFT) against promp
     fig.update_yaxes(title="ms per prompt token", rangemode="tozero", row=1, col=2)
     fig.update_layout(title=viz._title(title, f"measured on {sweep.device}, median of {sweep.repeats}"),
                       width=1000, height=460, showlegend=False)
-    return fig
+    return viz.fit_title(fig)
 
 
 def batch_chart(sweep: BatchSweep, title: str = "Batch size: prefill vs decode") -> go.Figure:
@@ -479,9 +479,9 @@ def batch_chart(sweep: BatchSweep, title: str = "Batch size: prefill vs decode")
     the device is busy), decode throughput in tokens/s (rising with the batch),
     and the KV cache's share of the bytes each decode step reads."""
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09,
-                        subplot_titles=(f"prefill ({sweep.prompt_len} tokens per sequence)",
-                                        f"decode ({sweep.context} cached positions each)",
-                                        "KV cache share of decode's reads"))
+                        subplot_titles=(f"prefill, {sweep.prompt_len} tokens each",
+                                        f"decode, {sweep.context} cached each",
+                                        "KV cache share of reads"))
     x = [str(b) for b in sweep.batch_sizes]   # categories: evenly spaced, labelled with the batch size
     fig.add_trace(go.Scatter(x=x, y=sweep.prefill_ms_per_token, mode="lines+markers", name="prefill",
                              line=dict(color=viz.ORANGE),
@@ -499,5 +499,5 @@ def batch_chart(sweep: BatchSweep, title: str = "Batch size: prefill vs decode")
     fig.update_yaxes(title="decode throughput (tokens/s)", rangemode="tozero", row=1, col=2)
     fig.update_yaxes(title="KV cache / all bytes read (%)", range=[0, 110], row=1, col=3)
     fig.update_layout(title=viz._title(title, f"measured on {sweep.device}, median of {sweep.repeats}"),
-                      width=1200, height=460, showlegend=False)
-    return fig
+                      width=1050, height=460, showlegend=False)
+    return viz.fit_title(fig)

@@ -123,5 +123,5 @@ def precision_chart(results: list[PrecisionResult],
     agree = ", ".join(f"{r.name}: top-1 agreement {r.quality.top1_agreement:.0%}"
                       for r in results if r.quality)
     sub = f"measured on {results[0].device}" + (f"; {agree}" if agree else "")
-    fig.update_layout(title=viz._title(title, sub), width=1100, height=460)
-    return fig
+    fig.update_layout(title=viz._title(title, sub), width=1050, height=460)
+    return viz.fit_title(fig)

@@ -218,4 +218,4 @@ def rounds_chart(gen: SpeculativeGeneration, tokenizer=None,
            f"({gen.tokens_per_pass:.2f} per pass); accepted {gen.accepted} of {gen.drafted} drafted")
     fig.update_layout(title=viz._title(title, sub), barmode="relative", width=900, height=440,
                       legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"))
-    return fig
+    return viz.fit_title(fig)

@@ -40,8 +40,11 @@ browser; `save_html` gives an offline file instead).
 
 from __future__ import annotations
 
+import functools
 import html
 import math
+import re
+import textwrap
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -155,7 +158,52 @@ def _title(main: str, sub: str | None = None) -> str:
     return main if not sub else f"{main}<br><sup>{sub}</sup>"
 
 
-def _format_bytes(n: float) -> str:
+def fit_title(fig: go.Figure) -> go.Figure:
+    """Wrap a title (and its subtitle) that is wider than the figure onto more
+    lines, and make room for them, instead of letting the browser cut it off.
+    Every chart builder here applies it; charts built elsewhere can too."""
+    text = fig.layout.title.text
+    if not text:
+        return fig
+    try:
+        title_px = float(pio.templates[pio.templates.default].layout.title.font.size or 0)
+    except (KeyError, ValueError, AttributeError):
+        title_px = 0.0
+    title_px = title_px or _font_size() * 1.4
+    width = fig.layout.width or 700
+    # An average character of a proportional font is about half an em wide.
+    chars = max(16, int((width - 60) / (0.55 * title_px)))
+    lines = []
+    for i, part in enumerate(text.split("<br>")):
+        sup = part.startswith("<sup>") and part.endswith("</sup>")
+        inner = part[5:-6] if sup else part
+        limit = int(chars / 0.7) if sup or i > 0 else chars          # a subtitle's font is smaller
+        if len(re.sub(r"<[^>]+>", "", inner)) <= limit or "<" in inner:   # never split inside a tag
+            lines.append(part)
+            continue
+        wrapped = textwrap.wrap(inner, limit, break_on_hyphens=False)
+        lines += [f"<sup>{w}</sup>" for w in wrapped] if sup else wrapped
+    extra = len(lines) - len(text.split("<br>"))
+    if extra:
+        grow = int(extra * title_px * 1.2)
+        top = fig.layout.margin.t
+        top = 100 if top is None else top                                # plotly's default top margin
+        fig.update_layout(title_text="<br>".join(lines), margin_t=top + grow)
+        if fig.layout.height:
+            fig.update_layout(height=fig.layout.height + grow)
+    return fig
+
+
+def _fits_title(builder):
+    """Decorator: the figure `builder` returns gets `fit_title`."""
+    @functools.wraps(builder)
+    def build(*args, **kwargs):
+        return fit_title(builder(*args, **kwargs))
+    return build
+
+
+def format_bytes(n: float) -> str:
+    """1234567 -> '1.23 MB': decimal units (kB, MB, GB), as every chart and readout here uses."""
     for unit, size in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
         if abs(n) >= size:
             return f"{n / size:.3g} {unit}"
@@ -186,10 +234,30 @@ def _heatmap_size(n_rows: int, n_cols: int) -> dict:
     )
 
 
+def _step_axis(fig: go.Figure, steps: Sequence[float] | np.ndarray) -> None:
+    """Whole-number ticks on an x axis of step numbers: with few steps plotly
+    would otherwise label 0.2, 0.4, ... (there is no step 0.2)."""
+    steps = np.asarray(steps, dtype=float)
+    span = float(steps.max() - steps.min()) if steps.size else 0.0
+    if span <= 10:
+        fig.update_xaxes(tick0=0, dtick=1)
+    else:
+        fig.update_xaxes(tickformat="d")
+
+
 # --------------------------------------------------------------------------
 # Stage 1a: tokens
 # --------------------------------------------------------------------------
 
+def _probability_key() -> str:
+    """A colour key for the subtitle of a strip coloured by probability. (A colour
+    bar needs more height than a one-row strip has; a subtitle always fits.)"""
+    swatches = " ".join(f'<span style="color:{c}">■</span> {v:g}'
+                        for v, c in zip((0.1, 0.5, 0.9), sample_colorscale(PROB_COLORSCALE, [0.1, 0.5, 0.9])))
+    return f"; colour = probability: {swatches}"
+
+
+@_fits_title
 def token_strip(
     tokens: Sequence[str],
     ids: Sequence[int] | Any,
@@ -203,7 +271,7 @@ def token_strip(
     Without `probs` neighbouring tokens get different pastel colours, so the
     token boundaries stand out. With `probs` (e.g. the probability the model
     gave each generated token) the boxes are coloured by probability and a
-    colour bar is shown. Hover shows position, id and probability.
+    colour key is added to the subtitle. Hover shows position, id and probability.
     """
     ids = [int(i) for i in _to_numpy(ids).reshape(-1)]
     n = len(tokens)
@@ -248,10 +316,6 @@ def token_strip(
         hover = [h + f"<br>probability {v:.3f}" for h, v in zip(hover, p)]
     text_y = cy if not show_ids else [y + 0.25 for y in cy]
     marker = dict(size=1, opacity=0)
-    if p is not None:
-        # An invisible marker carries the colour bar, so the boxes have a legend.
-        marker = dict(size=1, opacity=0, color=p, colorscale=PROB_COLORSCALE, cmin=0, cmax=1,
-                      showscale=True, colorbar=dict(title=dict(text="prob"), len=0.9))
     fig.add_trace(go.Scatter(
         x=cx, y=text_y, mode="markers+text", text=labels, customdata=ids,
         textfont=dict(family=MONOSPACE, color=text_colours),
@@ -269,8 +333,8 @@ def token_strip(
     fig.update_xaxes(visible=False, range=[-0.2, chars_per_row + 0.2], fixedrange=True)
     fig.update_yaxes(visible=False, range=[-n_rows * (row_h + 0.3) + 0.1, 0.2], fixedrange=True)
     fig.update_layout(
-        title=_title(title, f"{n} tokens"),
-        width=int(chars_per_row * px_per_char + (140 if p is not None else 60)),
+        title=_title(title, f"{n} tokens" + (_probability_key() if p is not None else "")),
+        width=int(chars_per_row * px_per_char + 60),
         height=int(n_rows * row_px * 1.3 + fs * 6),
         margin=dict(l=20, r=20, t=int(fs * 5), b=20),
         plot_bgcolor="white",
@@ -278,23 +342,34 @@ def token_strip(
     return fig
 
 
-def token_table(tokens: Sequence[str], ids: Sequence[int] | Any) -> go.Figure:
-    """A two-column table: Token ID | Token Text (whitespace made visible)."""
+@_fits_title
+def token_table(tokens: Sequence[str], ids: Sequence[int] | Any, max_rows: int = 24) -> go.Figure:
+    """A two-column table: Token ID | Token Text (whitespace made visible).
+
+    The figure is tall enough for every row up to `max_rows`; a longer table
+    scrolls inside the figure, and its subtitle says so."""
     ids = [int(i) for i in _to_numpy(ids).reshape(-1)]
     _check_len("ids", ids, len(tokens))
     fs = _font_size()
+    # Rows of CJK text or byte tokens render taller than Latin ones (the
+    # fallback font's line height), so each row gets 2 font sizes, not 1.8.
+    row_px, header_px = fs * 2.0, fs * 2.0
     fig = go.Figure(go.Table(
         columnwidth=[1, 3],
         header=dict(values=["<b>Token ID</b>", "<b>Token Text</b>"], align="left",
-                    fill_color="#DDE7F0", height=fs * 2),
+                    fill_color="#DDE7F0", height=header_px),
         cells=dict(values=[ids, _labels(tokens, max_chars=None)], align="left",
-                   font=dict(family=MONOSPACE), height=fs * 1.8),
+                   font=dict(family=MONOSPACE), height=row_px),
     ))
+    shown = min(len(ids), max_rows)
+    sub = f"{len(ids)} tokens" + (f" (the first {shown} shown: scroll the table for the rest)"
+                                  if len(ids) > shown else "")
+    top, bottom = int(fs * 5), 10
     fig.update_layout(
-        title=_title("Tokens and their ids", f"{len(ids)} tokens"),
-        height=int(min(fs * 1.9 * (len(ids) + 1) + fs * 8, 900)),
+        title=_title("Tokens and their ids", sub),
+        height=int(top + header_px + (shown + 0.5) * (row_px + 2) + bottom),
         width=int(fs * 30),
-        margin=dict(l=20, r=20, t=int(fs * 5), b=10),
+        margin=dict(l=20, r=20, t=top, b=bottom),
     )
     return fig
 
@@ -303,6 +378,7 @@ def token_table(tokens: Sequence[str], ids: Sequence[int] | Any) -> go.Figure:
 # Stage 1b: embeddings
 # --------------------------------------------------------------------------
 
+@_fits_title
 def embedding_heatmap(vectors: Any, tokens: Sequence[str], max_dims: int = 64,
                       title: str = "Token embeddings") -> go.Figure:
     """Rows = tokens, columns = the first `max_dims` embedding dimensions.
@@ -336,6 +412,7 @@ def embedding_heatmap(vectors: Any, tokens: Sequence[str], max_dims: int = 64,
     return fig
 
 
+@_fits_title
 def cosine_similarity_heatmap(vectors: Any, tokens: Sequence[str],
                               title: str = "Cosine similarity between token vectors") -> go.Figure:
     """T x T heatmap of cos(angle) between every pair of token vectors.
@@ -370,6 +447,7 @@ def cosine_similarity_heatmap(vectors: Any, tokens: Sequence[str],
 # Stage 1c: positions
 # --------------------------------------------------------------------------
 
+@_fits_title
 def sinusoidal_heatmap(pe: Any, title: str = "Sinusoidal positional encoding") -> go.Figure:
     """Position x dimension heatmap of a sinusoidal encoding table [P, d].
 
@@ -392,6 +470,7 @@ def sinusoidal_heatmap(pe: Any, title: str = "Sinusoidal positional encoding") -
     return fig
 
 
+@_fits_title
 def rope_angles_chart(angles: Any, wrap: bool = False, max_lines: int = 8,
                       pairs: Sequence[int] | None = None,
                       title: str = "RoPE: rotation angle of each dimension pair") -> go.Figure:
@@ -458,6 +537,7 @@ def _attention_trace(z: np.ndarray, q_tokens: Sequence[str], k_tokens: Sequence[
     )
 
 
+@_fits_title
 def attention_heatmap(pattern: Any, q_tokens: Sequence[str], k_tokens: Sequence[str],
                       layer: int | None = None, head: int | None = None,
                       title: str = "Attention pattern") -> go.Figure:
@@ -482,6 +562,7 @@ def attention_heatmap(pattern: Any, q_tokens: Sequence[str], k_tokens: Sequence[
     return fig
 
 
+@_fits_title
 def attention_grid(patterns: Any, tokens: Sequence[str], layer: int | None = None,
                    q_tokens: Sequence[str] | None = None, cols: int | None = None,
                    title: str = "Attention patterns of every head") -> go.Figure:
@@ -524,6 +605,7 @@ def attention_grid(patterns: Any, tokens: Sequence[str], layer: int | None = Non
     return fig
 
 
+@_fits_title
 def attention_row(row: Any, k_tokens: Sequence[str], layer: int | None = None,
                   head: int | None = None, title: str = "Where the newest token looks") -> go.Figure:
     """Bar chart of the newest token's attention over every cached key.
@@ -554,6 +636,7 @@ def attention_row(row: Any, k_tokens: Sequence[str], layer: int | None = None,
     return fig
 
 
+@_fits_title
 def gqa_diagram(n_heads: int, n_kv_heads: int, head_dim: int | None = None,
                 title: str | None = None) -> go.Figure:
     """Which query heads share which key/value head (grouped-query attention).
@@ -609,7 +692,7 @@ def gqa_diagram(n_heads: int, n_kv_heads: int, head_dim: int | None = None,
     sub = f"group size {group}: each K/V head is shared by {group} query head{'s' if group > 1 else ''}{dim}"
     fs = _font_size()
     fig.update_layout(title=_title(title or f"{kind}: {n_heads} query heads → {n_kv_heads} KV heads", sub),
-                      width=int(min(max(n_heads * fs * 3.2, 600), 1500)) + 200, height=int(fs * 20),
+                      width=int(min(max(n_heads * fs * 3.2, 600), 860)) + 200, height=int(fs * 20),
                       plot_bgcolor="white")
     return fig
 
@@ -618,6 +701,7 @@ def gqa_diagram(n_heads: int, n_kv_heads: int, head_dim: int | None = None,
 # Stage 2b: logit lens
 # --------------------------------------------------------------------------
 
+@_fits_title
 def logit_lens_chart(top_tokens: Sequence[Sequence[str]], top_probs: Any, input_tokens: Sequence[str],
                      layer_labels: Sequence[str] | None = None,
                      title: str = "Logit lens: the top next-token guess after each layer") -> go.Figure:
@@ -662,6 +746,7 @@ def logit_lens_chart(top_tokens: Sequence[Sequence[str]], top_probs: Any, input_
 # Stage 3: the next-token distribution and sampling
 # --------------------------------------------------------------------------
 
+@_fits_title
 def distribution_chart(labels: Sequence[str], probs_before: Any, probs_after: Any,
                        chosen: int | str | None = None, top_p: float | None = None,
                        probs_scaled: Any | None = None,
@@ -718,7 +803,8 @@ def distribution_chart(labels: Sequence[str], probs_before: Any, probs_after: An
                            showarrow=False, yanchor="bottom", font=dict(color=RED), bgcolor="rgba(255,255,255,0.8)")
     if chosen is not None:
         top = max(before[chosen], after[chosen])
-        fig.add_annotation(x=chosen, y=top, yref="y", text="chosen", showarrow=True, arrowhead=2, ay=-40)
+        fig.add_annotation(x=chosen, y=top, yref="y", text="chosen", showarrow=True, arrowhead=2, ay=-28,
+                           bgcolor="rgba(255,255,255,0.8)")
     n_cut = int(cut.sum())
     fig.update_xaxes(title="candidate token (grey = cut by the filters)", **_token_axis(_labels(labels)))
     ymax = float(max(before.max(initial=0), after.max(initial=0)))
@@ -730,8 +816,7 @@ def distribution_chart(labels: Sequence[str], probs_before: Any, probs_after: An
     # The legend goes above the plot, under the title: inside the plot it would
     # hide bars or the running total, and below it collides with slanted labels.
     height = int(fs * 42)
-    fig.update_layout(title=dict(text=_title(title, f"top {n} tokens, {n_cut} cut"),
-                                 y=1 - fs * 2.4 / height, yanchor="bottom"),
+    fig.update_layout(title=_title(title, f"top {n} tokens, {n_cut} cut"),
                       barmode="group", margin=dict(t=int(fs * 10)),
                       width=int(min(max(n * fs * 3, 500) + 260, 1500)), height=height,
                       legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0))
@@ -748,6 +833,7 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int,
     return 2 * n_layers * n_kv_heads * head_dim * bytes_per_value * seq_len * batch_size
 
 
+@_fits_title
 def kv_cache_chart(steps: Any, used_bytes: Any, allocated_bytes: Any | None = None,
                    per_layer: bool = False, n_layers: int | None = None,
                    title: str = "KV cache size during generation") -> go.Figure:
@@ -777,14 +863,19 @@ def kv_cache_chart(steps: Any, used_bytes: Any, allocated_bytes: Any | None = No
     sub = None
     if len(x) > 1 and x[-1] != x[0]:
         per_step = (used[-1] - used[0]) / (x[-1] - x[0]) / (n_layers if per_layer else 1)
-        sub = f"grows by {_format_bytes(per_step)} per token"
+        sub = f"grows by {format_bytes(per_step)} per token"
     where = " (one layer)" if per_layer else ""
     fig.update_xaxes(title="decode step")
+    _step_axis(fig, x)
+    if not len(x):      # nothing generated yet: a plain empty frame, not ticks at 1e-9
+        fig.update_xaxes(range=[-0.5, 9.5])
+        fig.update_yaxes(range=[0, 1])
     fig.update_yaxes(title=f"KV cache{where} (MB)", rangemode="tozero")
     fig.update_layout(title=_title(title + where, sub), **_size(800, 480))
     return fig
 
 
+@_fits_title
 def cache_size_comparison(n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int,
                           seq_len: int, bytes_per_value: int = 2, batch_size: int = 1,
                           title: str = "KV cache size: MHA vs GQA vs MQA") -> go.Figure:
@@ -797,7 +888,7 @@ def cache_size_comparison(n_layers: int, n_heads: int, n_kv_heads: int, head_dim
     sizes = [kv_cache_bytes(n_layers, kv, head_dim, seq_len, bytes_per_value, batch_size) for _, kv in kinds]
     fig = go.Figure(go.Bar(
         x=[f"{name}<br>{kv} KV head{'s' if kv > 1 else ''}" for name, kv in kinds],
-        y=[s / MB for s in sizes], customdata=sizes, text=[_format_bytes(s) for s in sizes],
+        y=[s / MB for s in sizes], customdata=sizes, text=[format_bytes(s) for s in sizes],
         textposition="outside", marker_color=[RED, BLUE, GREEN], cliponaxis=False,
         hovertemplate="%{x}<br>%{customdata:,} bytes<extra></extra>",
     ))
@@ -814,6 +905,7 @@ def cache_size_comparison(n_layers: int, n_heads: int, n_kv_heads: int, head_dim
 # Timing: prefill (TTFT) and decode (TPOT)
 # --------------------------------------------------------------------------
 
+@_fits_title
 def timing_chart(step_seconds: Any, prefill_steps: int = 1,
                  title: str = "Time per step: prefill vs decode") -> go.Figure:
     """Latency of every generation step in milliseconds.
@@ -842,19 +934,25 @@ def timing_chart(step_seconds: Any, prefill_steps: int = 1,
         # count), so the line matches the number the notebook prints.
         tpot = float(np.sort(decode)[len(decode) // 2])
         # The line spans the decode steps only: TPOT says nothing about the prefill.
-        fig.add_shape(type="line", x0=prefill_steps - 0.5, x1=n - 0.5, y0=tpot, y1=tpot,
-                      line=dict(color=GREEN, dash="dash", width=3), name="median TPOT")
-        fig.add_annotation(xref="paper", x=1, y=tpot, text=f"median TPOT {tpot:.1f} ms", showarrow=False,
-                           xanchor="right", yanchor="bottom", font=dict(color=GREEN))
+        # Its label is in the legend: a label on the chart would sit on the bars.
+        fig.add_trace(go.Scatter(x=[prefill_steps - 0.5, n - 0.5], y=[tpot, tpot], mode="lines",
+                                 line=dict(color=GREEN, dash="dash", width=3),
+                                 name=f"median TPOT {tpot:.1f} ms", hoverinfo="name"))
         parts.append(f"median TPOT {tpot:.1f} ms ({1000 / tpot:.1f} tokens/s)" if tpot > 0 else "")
     fig.update_xaxes(title="step (0 = prefill)" if prefill_steps == 1 else "step")
+    _step_axis(fig, range(n))
     fig.update_yaxes(title="time (ms)", rangemode="tozero")
+    if not n:           # nothing generated yet: a plain empty frame, not ticks at 1e-9
+        fig.update_xaxes(range=[-0.5, 9.5])
+        fig.update_yaxes(range=[0, 100])
+    fs = _font_size()
     fig.update_layout(title=_title(title, ", ".join(p for p in parts if p)), **_size(800, 480),
-                      bargap=0.1, barmode="overlay",
+                      bargap=0.1, barmode="overlay", margin=dict(t=int(fs * 8.5)),   # room for 2 legend rows
                       legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"))
     return fig
 
 
+@_fits_title
 def cache_speedup_chart(lengths: Any, with_cache_s: Any, without_cache_s: Any,
                         title: str = "Generation time with and without the KV cache") -> go.Figure:
     """Time against sequence length, with the cache (about linear) and without (about quadratic)."""
@@ -883,6 +981,7 @@ def cache_speedup_chart(lengths: Any, with_cache_s: Any, without_cache_s: Any,
 # Roofline
 # --------------------------------------------------------------------------
 
+@_fits_title
 def roofline_chart(peak_flops: float, bandwidth_bytes_per_s: float,
                    points: Sequence[dict] = (), device_name: str = "device",
                    title: str = "Roofline") -> go.Figure:
@@ -945,7 +1044,11 @@ def _make_template(font: int, title: int, line: float, marker: float, grid: str,
     """A copy of plotly_white with our colours, fonts and line widths."""
     t = go.layout.Template(pio.templates["plotly_white"])
     t.layout.font = dict(size=font, color=ink)
-    t.layout.title = dict(font=dict(size=title), x=0.02, xanchor="left")
+    # Titles hang from the top edge (pad: plotly measures it to the first line's
+    # baseline, not its top), so a legend placed just above the plot never
+    # runs into them, whatever the figure's height (charts are resized in views).
+    t.layout.title = dict(font=dict(size=title), x=0.02, xanchor="left",
+                          yref="container", y=1, yanchor="top", pad=dict(t=int(title * 1.4)))
     t.layout.colorway = PALETTE
     t.layout.hoverlabel = dict(font=dict(size=font))
     t.layout.legend = dict(font=dict(size=font))

@@ -429,6 +429,8 @@ class TokenizerView(View):
     Tokenizing is cheap, so this needs no model call beyond the tokenizer.
     """
 
+    TABLE_ROWS = 16
+
     def __init__(self, model, text: str = "The capital of France is Paris.", chat: bool = False):
         super().__init__()
         self.model = model
@@ -441,8 +443,10 @@ class TokenizerView(View):
         self._strip_ref = viz.token_strip(["token"] * 30, [10000] * 30, show_ids=True)
         strip, table = self._figures()
         self.boxes["tokens"] = FigureBox(strip)
-        # The table keeps the height of a 12-token one; longer ones scroll inside it.
-        self.boxes["table"] = FigureBox(table, height=viz.token_table(["x"] * 12, [0] * 12).layout.height)
+        # The table keeps the height of a TABLE_ROWS-token one, so the page does not
+        # jump while typing; longer ones scroll inside it (its subtitle says so).
+        self.boxes["table"] = FigureBox(table, height=viz.token_table(
+            ["x"] * self.TABLE_ROWS, [0] * self.TABLE_ROWS, max_rows=self.TABLE_ROWS).layout.height)
         for w in (self.text, self.chat):
             w.observe(lambda _: self._redraw_later(self._redraw), names="value")
         self.widget = widgets.VBox([self.text, self.chat, self.info, self.error,
@@ -459,7 +463,7 @@ class TokenizerView(View):
         ids, tokens = self.encoding()
         self.info.value = f"{len(self.text.value)} characters → <b>{len(ids)} tokens</b>"
         strip = _fixed_rows(viz.token_strip(tokens, ids, show_ids=True), self._strip_ref)
-        return strip, viz.token_table(tokens, ids)
+        return strip, viz.token_table(tokens, ids, max_rows=self.TABLE_ROWS)
 
     def _redraw(self) -> None:
         strip, table = self._figures()
@@ -874,8 +878,8 @@ class LiveGeneration(View):
             phase = "prefill (TTFT)" if k == 0 else "decode"
             parts.append(f"step {k} ({phase}): <b>{html.escape(_visible(self.tokens[-1]))}</b>, probability "
                          f"{self.probs[-1]:.3f}, {self.seconds[-1] * 1e3:.0f} ms; KV cache {self.cache.length} "
-                         f"positions, {self.cache_bytes[-1] / 2**10:,.0f} KiB "
-                         f"(+{self.cache.bytes_per_token / 2**10:,.0f} KiB per token)")
+                         f"positions, {viz.format_bytes(self.cache_bytes[-1])} "
+                         f"(+{viz.format_bytes(self.cache.bytes_per_token)} per token)")
         if self.finished:
             parts.append(f"finished: {html.escape(self.finish_reason)}")
         self.status.value = "<br>".join(parts)
@@ -942,8 +946,8 @@ class PromptLengthExplorer(View):
         nxt = token_strings(self.model.tokenizer, [int(logits.argmax())])[0]
         tail = "".join(self.tokens[max(0, n - 12):n])
         self.info.value = (f"first <b>{n}</b> tokens (…<code>{html.escape(tail)}</code>) → "
-                           f"TTFT <b>{self.ttft[n] * 1e3:.0f} ms</b>; KV cache {self.cache.nbytes / 2**20:.2f} MiB "
-                           f"= {n} × {self.cache.bytes_per_token / 2**10:,.0f} KiB; most likely next token "
+                           f"TTFT <b>{self.ttft[n] * 1e3:.0f} ms</b>; KV cache {viz.format_bytes(self.cache.nbytes)} "
+                           f"= {n} × {viz.format_bytes(self.cache.bytes_per_token)}; most likely next token "
                            f"<b>{html.escape(_visible(nxt))}</b>")
         self.boxes["ttft"].update(self._ttft_figure())
         self.boxes["cache"].update(self._cache_figure())

@@ -175,8 +175,8 @@ flash.tiles_chart(T, T, BLOCK)
 
 # %%
 for n in (512, 2048, 8192, 32768):
-    print(f"{n:6d} tokens: full score matrix {n * n * 4 / 2**20:9,.0f} MiB, "
-          f"one {BLOCK} x {BLOCK} tile {BLOCK * BLOCK * 4 / 2**10:.0f} KiB")
+    print(f"{n:6d} tokens: full score matrix {n * n * 4 / 1e6:9,.0f} MB, "
+          f"one {BLOCK} x {BLOCK} tile {BLOCK * BLOCK * 4 / 1e3:.0f} kB")
 
 # %% [markdown]
 # Does the whole model still say the same thing? `flash.in_models()` routes the

@@ -67,11 +67,12 @@ dash
 # more cache entry, a much shorter bar); then **run**. Reset, choose **top-p** with
 # temperature 1.3 and run a few times; tick **chat template** and ask a question;
 # type a Chinese prompt (法国的首都是) and watch one character take several tokens.
-#
-# The cell below drives the dashboard from code, as the buttons do, and checks what
-# it shows (nbval runs it in CI), then resets it to the prompt.
 
 # %%
+# This cell drives the dashboard from code, as the buttons do, and checks what it
+# shows (CI runs it), then puts every control back where it was. (A comment, not
+# text above: the Voila page shows no code, so it does not show this either.)
+start = [w.value for w in dash.controls.all]     # method, temperature, top-k, top-p, min-p
 before = {name: fig.to_json() for name, fig in zip(dash.boxes, dash.figures())}
 dash.step()                      # prefill
 dash.step()                      # one decode step
@@ -91,8 +92,10 @@ dash.step()
 assert dash.live.token_ids == labkit.generate(model, "Water boils at", max_new_tokens=1).token_ids
 assert dash.error.value == "" and dash.live.error.value == ""
 
-dash.controls.method.value = "greedy"             # back to the lecture's starting point
+for w, value in zip(dash.controls.all, start):    # back to the lecture's starting point
+    w.value = value
 dash.set_prompt(PROMPT)
+assert [w.value for w in dash.controls.all] == start
 
 # %% [markdown]
 # ## Summary

@@ -91,8 +91,8 @@ def test_token_strip_wraps_long_text_into_rows():
 def test_token_strip_colours_by_probability():
     probs = [0.05, 0.2, 0.5, 0.7, 0.9, 0.99]
     fig = viz.token_strip(TOKENS, IDS, probs=probs)
-    marker = fig.data[0].marker
-    assert list(marker.color) == probs and marker.showscale and (marker.cmin, marker.cmax) == (0, 1)
+    assert "colour = probability" in fig.layout.title.text          # the key, in the subtitle
+    assert "colour" not in viz.token_strip(TOKENS, IDS).layout.title.text
 
     def darkness(colour):  # "rgb(r, g, b)" -> 765 - r - g - b
         return 765 - sum(int(v) for v in re.findall(r"\d+", colour)[:3])
@@ -344,8 +344,18 @@ def test_timing_chart_prefill_and_median_tpot():
     np.testing.assert_allclose(bar.y, np.array(seconds) * 1000)
     assert list(bar.marker.color) == [viz.ORANGE] + [viz.BLUE] * 5
     decode_ms = sorted(s * 1000 for s in seconds[1:])
-    assert fig.layout.shapes[0].y0 == pytest.approx(decode_ms[len(decode_ms) // 2])  # 31 ms
+    line = next(t for t in fig.data if (t.name or "").startswith("median TPOT"))
+    assert list(line.y) == pytest.approx([decode_ms[len(decode_ms) // 2]] * 2)      # 31 ms
+    assert line.x[0] == 0.5 and line.x[1] == 5.5        # over the decode steps only
+    assert "31.0 ms" in line.name                        # labelled in the legend, not on the bars
     assert "TTFT 250.0 ms" in fig.layout.title.text
+    assert fig.layout.xaxis.dtick == 1                   # 6 steps: no tick at step 0.5
+
+
+def test_step_axes_never_show_fractional_steps():
+    assert viz.kv_cache_chart([0, 1], [100, 200]).layout.xaxis.dtick == 1
+    long = viz.timing_chart([0.01] * 40)
+    assert long.layout.xaxis.dtick is None and long.layout.xaxis.tickformat == "d"
 
 
 def test_cache_speedup_chart_two_lines():
@@ -524,7 +534,8 @@ def test_real_generation_timing_and_cache(model):
     gen = labkit.generate(model, "The capital of France is", max_new_tokens=3, method="greedy")
     steps = gen.steps
     fig = viz.timing_chart([s.seconds for s in steps], prefill_steps=1)
-    assert fig.layout.shapes[0].y0 == pytest.approx(gen.tpot_s * 1000)
+    line = next(t for t in fig.data if (t.name or "").startswith("median TPOT"))
+    assert line.y[0] == pytest.approx(gen.tpot_s * 1000)
     cache = viz.kv_cache_chart([s.index for s in steps], [s.cache_nbytes for s in steps])
     y = np.asarray(cache.data[0].y) * 1e6
     cfg = model.config
@@ -533,3 +544,13 @@ def test_real_generation_timing_and_cache(model):
     bars = viz.cache_size_comparison(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                                      steps[-1].cache_len, bytes_per_value=4)
     assert bars.data[0].customdata[1] == steps[-1].cache_nbytes
+
+
+def test_long_titles_wrap_to_the_figure_width():
+    title = "One query vector at positions 0-15, rotated by RoPE: cosine similarity"
+    fig = viz.cosine_similarity_heatmap(np.eye(16), [f"p{i}" for i in range(16)], title=title)
+    lines = fig.layout.title.text.split("<br>")
+    assert len(lines) >= 2 and " ".join(lines) == title          # wrapped, nothing lost
+    assert fig.layout.margin.t > 100                              # and given room
+    short = viz.cosine_similarity_heatmap(np.eye(3), ["a", "b", "c"], title="Similarity")
+    assert short.layout.title.text == "Similarity"

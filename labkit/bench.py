@@ -50,8 +50,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _median_time(fn, device: torch.device, repeats: int) -> float:
-    """Median seconds of fn() over repeats, after one warm-up call."""
+def _times(fn, device: torch.device, repeats: int) -> list[float]:
+    """Seconds of each of `repeats` calls of fn(), after one warm-up call."""
     fn()
     _sync(device)
     times = []
@@ -60,12 +60,14 @@ def _median_time(fn, device: torch.device, repeats: int) -> float:
         fn()
         _sync(device)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
 
 
 # ----------------------------------------------------------------------------
 # 1. The device
 # ----------------------------------------------------------------------------
+# These are the roofs, so each is the best of several tries: other programs
+# can only slow a try down, never speed it up.
 
 def measure_bandwidth(device="cpu", nbytes: int = 1 << 30, repeats: int = 7) -> dict[str, float]:
     """Bytes per second: `read` sums an fp32 tensor (reading it once, as a
@@ -74,8 +76,8 @@ def measure_bandwidth(device="cpu", nbytes: int = 1 << 30, repeats: int = 7) -> 
     device = torch.device(device)
     x = torch.full((nbytes // 4,), 1.0, device=device)
     y = torch.empty_like(x)
-    read = _median_time(lambda: x.sum(), device, repeats)
-    copy = _median_time(lambda: y.copy_(x), device, repeats)
+    read = min(_times(lambda: x.sum(), device, repeats))
+    copy = min(_times(lambda: y.copy_(x), device, repeats))
     del x, y
     return {"read": nbytes / read, "copy": 2 * nbytes / copy}
 
@@ -85,7 +87,7 @@ def measure_flops(device="cpu", dtype=torch.float32, n: int = 2048, repeats: int
     device = torch.device(device)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-    return 2 * n ** 3 / _median_time(lambda: a @ b, device, repeats)
+    return 2 * n ** 3 / min(_times(lambda: a @ b, device, repeats))
 
 
 # ----------------------------------------------------------------------------

@@ -98,6 +98,14 @@ def linear(x: torch.Tensor, layer) -> torch.Tensor:
     x @ W + b. A quantized layer (labkit.quantize) holds int8 or int4 weights
     and brings its own kernel, so it is simply called."""
     if isinstance(layer, nn.Linear):
+        if x.numel() == x.shape[-1] and layer.weight.dtype in (torch.bfloat16, torch.float16):
+            # One token (a decode step) with 16-bit weights: a matrix-vector
+            # product. On a CPU PyTorch's mv kernel is ~20% faster here than the
+            # matmul F.linear picks for a single row (measured with SmolLM2 in
+            # bf16); in fp32 the two are the same, so fp32 keeps F.linear.
+            y = torch.mv(layer.weight, x.reshape(-1))
+            y = y if layer.bias is None else y + layer.bias
+            return y.view(*x.shape[:-1], -1)
         return F.linear(x, layer.weight, layer.bias)
     if isinstance(layer, Conv1D):
         out = torch.addmm(layer.bias, x.reshape(-1, x.shape[-1]), layer.weight)

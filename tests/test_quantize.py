@@ -76,12 +76,14 @@ def test_quantize_leaves_the_original_alone(model, int8):
 
 
 def test_int8_close_to_fp32(model, int8):
-    q = compare(model, int8, PROMPTS[:4], max_new_tokens=8)
-    assert q.kl_mean < 0.05, q
-    assert q.top1_agreement > 0.9, q
     for text in PROMPTS[:4]:
         ids = labkit.encode(model, text).ids
-        assert model.forward(ids)[-1].argmax() == int8.forward(ids)[-1].argmax(), text
+        ref, out = model.forward(ids), int8.forward(ids)
+        assert kl_divergence(ref, out).mean() < 0.05, text
+        assert (ref.argmax(-1) == out.argmax(-1)).float().mean() > 0.9, text
+        assert ref[-1].argmax() == out[-1].argmax(), text           # the next token itself
+    q = compare(model, int8, PROMPTS[:2], max_new_tokens=4)
+    assert q.kl_mean < 0.05 and q.greedy_prefix > 0.5, q
 
 
 def test_int8_paris(int8):
@@ -92,7 +94,7 @@ def test_int4_close_enough(model):
     int4 = quantize(model, "int4")
     assert isinstance(int4.hf.model.layers[0].self_attn.q_proj, Int4Linear)
     assert 0.12 < int4.weight_nbytes / model.weight_nbytes < 0.2
-    q = compare(model, int4, PROMPTS[:3], max_new_tokens=4)
+    q = compare(model, int4, PROMPTS[:2], max_new_tokens=2)
     assert q.kl_mean < 0.6, q
     assert q.top1_agreement > 0.6, q
 

@@ -209,17 +209,25 @@ def build_report(measured: dict) -> dict:
             row = {"engine": name, "precision": e["precision"], "length": int(length),
                    "ttft_ms": ttft * 1e3, "tpot_ms": tpot * 1e3, "tokens_per_s": 1 / tpot,
                    "bytes_per_token": nbytes, "achieved_GBps": nbytes / tpot / GB,
-                   "utilisation": nbytes / tpot / bandwidth, "rounds": len(runs)}
+                   "utilisation": nbytes / tpot / bandwidth, "rounds": len(runs),
+                   "ttft_ms_each": [r["ttft_s"] * 1e3 for r in runs],
+                   "tpot_ms_each": [r["tpot_s"] * 1e3 for r in runs]}
             rows.append(row)
             summary[name][int(length)] = row
+    # A ratio is taken within each round (the two engines ran one after the other,
+    # so a slow spell of a shared machine hits both), then the median over the
+    # rounds; the range shows how much the rounds disagreed.
     ratios = []
     for name, base, label in measured.get("pairs", []):
         for length in summary.get(name, {}):
             if length in summary.get(base, {}):
                 a, b = summary[name][length], summary[base][length]
-                ratios.append({"label": label, "engine": name, "baseline": base, "length": length,
-                               "ttft_ratio": a["ttft_ms"] / b["ttft_ms"],
-                               "tpot_ratio": a["tpot_ms"] / b["tpot_ms"]})
+                entry = {"label": label, "engine": name, "baseline": base, "length": length}
+                for key in ("ttft", "tpot"):
+                    each = [x / y for x, y in zip(a[f"{key}_ms_each"], b[f"{key}_ms_each"])]
+                    entry[f"{key}_ratio"] = statistics.median(each)
+                    entry[f"{key}_ratio_range"] = (min(each), max(each))
+                ratios.append(entry)
     report = {"rows": rows, "ratios": ratios}
     nc = measured.get("nocache")
     if nc:
@@ -245,10 +253,11 @@ def format_report(info: dict, report: dict) -> str:
                      f"{r['tokens_per_s']:>8.1f}{r['bytes_per_token'] / 1e6:>10.0f}{r['achieved_GBps']:>7.1f}"
                      f"{r['utilisation']:>7.0%}")
     lines.append("")
-    lines.append("ratios (medians measured side by side; < 1 means the first is faster)")
+    lines.append("ratios (each round's ratio, median over the rounds [lowest-highest]; < 1: the first is faster)")
     for r in report["ratios"]:
-        lines.append(f"  {r['label']:<42} prompt {r['length']:>4}:  TTFT x{r['ttft_ratio']:.2f}   "
-                     f"TPOT x{r['tpot_ratio']:.2f}")
+        (tl, th), (pl, ph) = r["ttft_ratio_range"], r["tpot_ratio_range"]
+        lines.append(f"  {r['label']:<38} prompt {r['length']:>4}:  TTFT x{r['ttft_ratio']:.2f} [{tl:.2f}-{th:.2f}]"
+                     f"   TPOT x{r['tpot_ratio']:.2f} [{pl:.2f}-{ph:.2f}]")
     nc = report.get("nocache")
     if nc:
         lines.append("")

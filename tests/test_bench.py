@@ -48,7 +48,10 @@ def test_report_medians_ratios_and_utilisation():
     assert lab["bytes_per_token"] == nbytes
     assert lab["utilisation"] == pytest.approx(nbytes / 0.045 / 10e9)
     (ratio,) = report["ratios"]
-    assert ratio["tpot_ratio"] == pytest.approx(45 / 90) and ratio["ttft_ratio"] == pytest.approx(20 / 40)
+    # per round: 40/90 and 50/90 (the third labkit round has no partner); median of the two
+    assert ratio["tpot_ratio"] == pytest.approx((40 / 90 + 50 / 90) / 2)
+    assert ratio["tpot_ratio_range"] == pytest.approx((40 / 90, 50 / 90))
+    assert ratio["ttft_ratio"] == pytest.approx((10 / 40 + 30 / 40) / 2)
     assert report["nocache"]["speedup"] == pytest.approx(1.0 / 0.05)
 
 
@@ -58,7 +61,7 @@ def test_format_report_mentions_everything():
             "flops": {"fp32": 1e11}, "quality": [{"engine": "labkit int8", "text": "KL mean 0.01"}],
             "notes": ["a note"]}
     text = bench.format_report(info, bench.build_report(fake_measurements()))
-    for needle in ("10.0 GB/s", "labkit / transformers, fp32", "x0.50", "x20", "KL mean 0.01", "a note"):
+    for needle in ("10.0 GB/s", "labkit / transformers, fp32", "x0.50 [0.44-0.56]", "x20", "KL mean 0.01", "a note"):
         assert needle in text, needle
 
 

@@ -39,7 +39,6 @@ import plotly.io as pio
 
 from . import viz
 from . import widgets as W
-from .encode import encode
 from .widgets import FigureBox, LiveGeneration, View, _slider_style, _visible
 
 # Chart sizes that put the two columns side by side on a 1280-pixel-wide screen
@@ -84,7 +83,7 @@ class PageFigure:
 
 
 class _Live(LiveGeneration):
-    """LiveGeneration that tells the dashboard after every redraw, and can take a new prompt."""
+    """LiveGeneration that tells the dashboard after every redraw."""
 
     def __init__(self, *args, on_redraw=None, **kwargs):
         self.on_redraw = on_redraw
@@ -94,15 +93,6 @@ class _Live(LiveGeneration):
         super()._redraw()
         if self.on_redraw:
             self.on_redraw()
-
-    def set_prompt(self, prompt: str, chat: bool, max_new_tokens: int) -> None:
-        enc = encode(self.model, prompt, chat=chat)
-        if len(enc.ids) == 0:
-            raise ValueError("the prompt is empty: type something to continue")
-        self.prompt_text, self.prompt_ids, self.prompt_tokens = enc.text, enc.ids, enc.tokens
-        self.max_new_tokens = max_new_tokens
-        self._stop()
-        self.reset()
 
 
 class Dashboard(View):

@@ -758,6 +758,18 @@ class LiveGeneration(View):
         self._new_state()
         self._redraw()
 
+    def set_prompt(self, prompt: str, chat: bool = False, max_new_tokens: int | None = None) -> None:
+        """Start again from a new prompt (a running generation stops first).
+        chat: wrap it in the model's chat template; max_new_tokens: None keeps the current one."""
+        enc = encode(self.model, prompt, chat=chat)
+        if len(enc.ids) == 0:
+            raise ValueError("the prompt is empty: type something to continue")
+        self.prompt_text, self.prompt_ids, self.prompt_tokens = enc.text, enc.ids, enc.tokens
+        if max_new_tokens is not None:
+            self.max_new_tokens = max_new_tokens
+        self._stop()
+        self.reset()
+
     def step(self) -> int | None:
         """Generate one token and redraw; returns its id (None once finished)."""
         if self.finished:

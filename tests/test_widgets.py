@@ -141,6 +141,19 @@ def test_live_steps_match_generate(model):
     assert view.finished and view.step() is None
 
 
+def test_live_set_prompt_starts_again_from_it(model):
+    view = W.LiveGeneration(model, PROMPT, max_new_tokens=2)
+    view.step()
+    view.set_prompt("Water boils at", max_new_tokens=3)
+    assert view.token_ids == [] and view.prompt_text == "Water boils at" and view.max_new_tokens == 3
+    view.run()
+    assert view.token_ids == labkit.generate(model, "Water boils at", max_new_tokens=3).token_ids
+    view.set_prompt("Hi", chat=True)
+    assert view.prompt_tokens[0] == "<|im_start|>" and view.max_new_tokens == 3
+    with pytest.raises(ValueError, match="empty"):
+        view.set_prompt("")
+
+
 def test_buttons_and_selectors(model):
     view = W.LiveGeneration(model, PROMPT, max_new_tokens=2)
     view.step_button.click()

@@ -66,28 +66,30 @@ def _times(fn, device: torch.device, repeats: int) -> list[float]:
 # ----------------------------------------------------------------------------
 # 1. The device
 # ----------------------------------------------------------------------------
-# These are the roofs, so each is the best of several tries: other programs
-# can only slow a try down, never speed it up.
+# The roofs come from labkit.measure (what notebook 07 shows), each the best of
+# several tries: other programs can only slow a try down, never speed it up.
 
 def measure_bandwidth(device="cpu", nbytes: int = 1 << 30, repeats: int = 7) -> dict[str, float]:
     """Bytes per second: `read` sums an fp32 tensor (reading it once, as a
-    decode step reads its weights); `copy` counts the bytes read plus written.
-    nbytes should exceed the last-level cache, or the cache is what gets measured."""
+    decode step reads its weights; labkit.measure.measure_bandwidth); `copy`
+    counts the bytes read plus written. nbytes should exceed the last-level
+    cache, or the cache is what gets measured."""
+    from .measure import measure_bandwidth as read_bandwidth
+
     device = torch.device(device)
+    read = read_bandwidth(device, nbytes=nbytes, repeats=repeats)
     x = torch.full((nbytes // 4,), 1.0, device=device)
     y = torch.empty_like(x)
-    read = min(_times(lambda: x.sum(), device, repeats))
     copy = min(_times(lambda: y.copy_(x), device, repeats))
     del x, y
-    return {"read": nbytes / read, "copy": 2 * nbytes / copy}
+    return {"read": read, "copy": 2 * nbytes / copy}
 
 
 def measure_flops(device="cpu", dtype=torch.float32, n: int = 2048, repeats: int = 5) -> float:
     """FLOP/s of an n x n x n matmul: 2 n^3 FLOPs (a multiply and an add per term)."""
-    device = torch.device(device)
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    return 2 * n ** 3 / min(_times(lambda: a @ b, device, repeats))
+    from .measure import measure_matmul_flops
+
+    return measure_matmul_flops(device, dtype, n=n, repeats=repeats)
 
 
 # ----------------------------------------------------------------------------

@@ -417,7 +417,7 @@ def measure_bandwidth(device: str | torch.device, nbytes: int | None = None, rep
     bound by memory, as a decode step is. The default size, 256 MB on a CPU and
     2 GB on a GPU, is far larger than any cache and small enough for a notebook.
     A roof is what the machine *can* reach, and other programs only ever slow
-    a run down, so this takes the fastest run (labkit.bench reports the median).
+    a run down, so this takes the fastest run (labkit.bench uses this too, with 1 GiB).
     """
     device = torch.device(device)
     if nbytes is None:

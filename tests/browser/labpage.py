@@ -188,6 +188,16 @@ def chart_state(page, scope=None) -> list[dict]:
     return scope.evaluate(JS_CHARTS)
 
 
+def count_what_rendered(page, report) -> None:
+    """Errors shown in outputs, the charts (blank ones and titles) and the controls on the page."""
+    report.errors += output_errors(page)
+    charts = chart_state(page)
+    report.charts = len(charts)
+    report.blank = [i for i, c in enumerate(charts) if c["blank"]]
+    report.titles = [c["title"] for c in charts]
+    report.controls = page.evaluate(JS_COUNT_CONTROLS)
+
+
 def output_errors(page, root=None) -> list[str]:
     """Errors shown in the outputs under `root` (the whole page by default)."""
     text = page.evaluate(JS_OUTPUT_TEXT) if root is None else root.evaluate(JS_OUTPUT_TEXT)
@@ -458,12 +468,7 @@ def run_in_jupyterlab(browser, server, name: str, interactions=(), timeout: floa
             if never:
                 report.errors.append(f"{len(never)} code cell(s) never ran, first: cell {never[0]['index'] + 1} "
                                      f"({never[0]['source']!r})")
-        report.errors += output_errors(page)
-        charts = chart_state(page)
-        report.charts = len(charts)
-        report.blank = [i for i, c in enumerate(charts) if c["blank"]]
-        report.titles = [c["title"] for c in charts]
-        report.controls = page.evaluate(JS_COUNT_CONTROLS)
+        count_what_rendered(page, report)
         report.screenshots += shoot_tall(page, f"lab-{name}", SCROLLER)
         for k, action in enumerate(interactions, 1):
             result = interact(page, action)
@@ -526,12 +531,7 @@ def run_in_voila(browser, server, name: str, interactions=(), timeout: float | N
             return report
         report.seconds = time.monotonic() - start
         wait_for_charts(page, seconds(60))
-        report.errors += output_errors(page)
-        charts = chart_state(page)
-        report.charts = len(charts)
-        report.blank = [i for i, c in enumerate(charts) if c["blank"]]
-        report.titles = [c["title"] for c in charts]
-        report.controls = page.evaluate(JS_COUNT_CONTROLS)
+        count_what_rendered(page, report)
         report.screenshots += shoot_tall(page, f"voila-{name}", PAGE_SCROLLER)
         for action in interactions:
             result = interact(page, action)

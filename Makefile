@@ -3,7 +3,7 @@
 #   make lab    install everything into .venv and open JupyterLab on notebook 00
 #   make test   install everything and run the whole test suite (what CI runs)
 #
-# Other targets: make install | system-deps | sync | dashboard | clean | distclean | help
+# Other targets: make install | system-deps | sync | dashboard | test-broken | mutation | clean | distclean | help
 #
 # Overridable:  make test TORCH='torch==2.13.0'   (the torch requirement pip installs first)
 #               make test TORCH=torch TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu'
@@ -42,7 +42,7 @@ TEST_ENV := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
 # Jupyter refuses to run as root unless told to.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: help lab test test-browser install system-deps sync dashboard clean distclean FORCE
+.PHONY: help lab test test-browser test-broken mutation install system-deps sync dashboard clean distclean FORCE
 
 help:
 	@echo "make lab    - install into $(VENV) and open JupyterLab on $(FIRST_NOTEBOOK)"
@@ -95,6 +95,17 @@ test: $(STAMP) system-deps
 test-browser: $(STAMP) system-deps
 	$(TEST_ENV) $(PY) -m pytest tests/browser $(PYTEST_ARGS)
 
+# Do the tests fail when the code is wrong? `test-broken` runs the tests
+# against labkit broken on purpose (tests/broken_variants.py; a few minutes);
+# `mutation` runs mutmut on the engine core and writes docs/mutation.md (about
+# an hour on 2 cores). Neither is part of `make test`.
+test-broken: $(STAMP)
+	$(TEST_ENV) $(PY) scripts/check_broken_variants.py
+
+mutation: $(STAMP)
+	$(PIP) install -q 'mutmut>=3.8'
+	$(TEST_ENV) $(PY) scripts/mutation.py
+
 # --- helpers ----------------------------------------------------------------
 
 sync: $(STAMP)
@@ -106,7 +117,7 @@ dashboard: $(STAMP)
 	JUPYTER_PATH=$(CURDIR)/share/jupyter $(VENV)/bin/voila $(LAB_ARGS) notebooks/09_dashboard.ipynb
 
 clean:
-	rm -rf build dist *.egg-info .pytest_cache artifacts
+	rm -rf build dist *.egg-info .pytest_cache artifacts mutants
 	find . -path ./$(VENV) -prune -o \( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -print0 | xargs -0 rm -rf
 
 distclean: clean

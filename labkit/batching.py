@@ -31,6 +31,7 @@ longest one, which is the kinder reading for static batching).
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from dataclasses import dataclass, field
@@ -173,9 +174,14 @@ class BatchingResult:
         return [r.latency_s for r in self.records]
 
     def percentile(self, q: float, values: list[float] | None = None) -> float:
-        """The q-th percentile (0-100) of request latency (nearest rank)."""
+        """The q-th percentile (0-100) of request latency, or of `values` (nearest rank):
+        the smallest value with at least q% of the values at or below it, the
+        ceil(q/100 x n)-th smallest (p50 of 1..10 is 5, p90 is 9; p0 is the minimum)."""
         v = sorted(self.latencies() if values is None else values)
-        return v[min(len(v) - 1, max(0, round(q / 100 * len(v) + 0.5) - 1))]
+        # 1-based rank; q x n first, so 7% of 100 is 7, not 7.000000000000001 (ceil: 8),
+        # and ceil, not round(), which rounds halves to even.
+        rank = math.ceil(q * len(v) / 100)
+        return v[min(len(v), max(1, rank)) - 1]
 
     @property
     def mean_latency_s(self) -> float:

@@ -1,5 +1,6 @@
 """labkit.batching: the static vs continuous batching simulation."""
 
+import random
 from types import SimpleNamespace
 
 import pytest
@@ -114,3 +115,46 @@ def test_charts(busy):
     assert "static" in fig.layout.annotations[0].text and "continuous" in fig.layout.annotations[1].text
     fig = B.summary_chart(res)
     assert len(fig.data) == 4 and list(fig.data[0].x) == ["static", "continuous"]
+
+
+# --- percentiles: nearest rank, against the definition written out here ---------
+
+def nearest_rank(values, q):
+    """The smallest value with at least q% of the values at or below it (q in 0-100)."""
+    return min(x for x in values if 100 * sum(v <= x for v in values) >= q * len(values))
+
+
+@pytest.fixture(scope="module")
+def one_result():
+    return B.simulate([B.Request(0, 0.0, 4, 2)], "continuous")
+
+
+@pytest.mark.parametrize("values, q, expected", [
+    (range(1, 11), 50, 5), (range(1, 11), 90, 9), (range(1, 11), 100, 10), (range(1, 11), 0, 1),
+    (range(1, 11), 91, 10), (range(1, 11), 10, 1), (range(1, 11), 11, 2),
+    (range(1, 5), 50, 2), (range(1, 5), 75, 3), (range(1, 5), 76, 4), (range(1, 5), 25, 1),
+    ([7.5], 0, 7.5), ([7.5], 50, 7.5), ([7.5], 100, 7.5),
+    ([3, 1, 2], 50, 2),                          # unsorted input
+    (range(1, 101), 7, 7),                       # 7/100 x 100 = 7.000000000000001 in floats
+])
+def test_percentile_hand_checked(one_result, values, q, expected):
+    # The old round(q/100 x n + 0.5) - 1 rounded halves to even: p50 of 1..10 gave 6, p90 gave 10.
+    assert one_result.percentile(q, list(values)) == expected
+
+
+def test_percentile_matches_the_definition_on_random_data(one_result):
+    rng = random.Random(0)
+    for _ in range(500):
+        n = rng.randint(1, 40)
+        values = [rng.randint(0, 9) for _ in range(n)] if rng.random() < 0.5 \
+            else [rng.random() for _ in range(n)]      # with and without ties
+        q = rng.randint(0, 100)
+        assert one_result.percentile(q, values) == nearest_rank(values, q), (values, q)
+
+
+def test_p90_in_the_summary_is_the_latencies_nearest_rank(busy):
+    r = B.simulate(busy, "static", max_batch=4)
+    latencies = [rec.finish_s - rec.request.arrival_s for rec in r.records]
+    # A percentile is one of the values, so it is equal, not close.
+    assert r.summary()["p90_latency_s"] == nearest_rank(latencies, 90)
+    assert r.percentile(100) == max(latencies) and r.percentile(0) == min(latencies)

@@ -22,6 +22,23 @@ def tiny():
     return labkit.Model(tiny_hf_model("llama"))
 
 
+# The tiny llama counted by hand from tiny_models.py: 3 layers, d_model 64, 8 query and
+# 2 KV heads of size 8, d_ff 160, vocab 211, LM head not tied to the embedding; fp32.
+TINY_KV = 2 * 3 * 2 * 8 * 4                                   # K and V bytes per token: 384
+TINY_BLOCKS = 3 * (2 * 64 * 64 + 2 * 64 * 16 + 3 * 64 * 160)   # q, o; k, v; gate, up, down
+TINY_READ = TINY_BLOCKS + 3 * 2 * 64 + 64 + 211 * 64           # + norms + LM head (no embedding)
+
+
+def tiny_prefill_flops(n):
+    """2 per weight per token, attention 4 x head size per causal key per head, LM head once."""
+    return 2 * TINY_BLOCKS * n + 3 * 8 * 4 * 8 * n * (n + 1) // 2 + 2 * 64 * 211
+
+
+def tiny_weight_bytes(tiny):
+    """Hand-counted weights in fp32, plus the real bytes of the model's buffers (RoPE's frequencies)."""
+    return 4 * TINY_READ + sum(b.numel() * b.element_size() for b in tiny.hf.buffers())
+
+
 # --- labels and the clock ------------------------------------------------------
 
 def test_device_label_names_device_threads_and_dtype(tiny):
@@ -94,7 +111,9 @@ def test_cache_speedup_structure(tiny):
     assert len(s.with_cache_s) == len(s.without_cache_s) == len(s.speedup) == 3
     assert all(t > 0 for t in s.with_cache_s + s.without_cache_s)
     assert s.same_token == [True, True, True]
-    assert [r[0] for r in s.rows()] == [2, 8, 32]
+    # Speed-up is time without the cache over time with it; rows are in milliseconds.
+    assert s.speedup == [w / c for w, c in zip(s.without_cache_s, s.with_cache_s)]
+    assert s.rows()[1] == (8, s.with_cache_s[1] * 1e3, s.without_cache_s[1] * 1e3, s.speedup[1])
     with pytest.raises(ValueError):
         measure.cache_speedup(tiny, ids, [1])
     with pytest.raises(ValueError):
@@ -105,9 +124,9 @@ def test_cache_speedup_structure(tiny):
 
 def test_ttft_sweep(tiny):
     s = measure.ttft_sweep(tiny, torch.arange(3, 40), [1, 8, 32], repeats=1)
-    per_token = tiny.new_cache(1).bytes_per_token
-    assert s.cache_nbytes == [n * per_token for n in (1, 8, 32)]
-    assert s.flops == [perf.prefill_workload(tiny, n).flops for n in (1, 8, 32)]
+    assert s.cache_nbytes == [n * TINY_KV for n in (1, 8, 32)]
+    assert s.flops == [tiny_prefill_flops(n) for n in (1, 8, 32)] == [273_536, 2_020_736, 8_296_832]
+    assert s.flops_per_s == [f / t for f, t in zip(s.flops, s.seconds)]
     assert len(s.seconds) == len(s.ms_per_token) == len(s.flops_per_s) == 3
     assert "cpu" in s.device
     fig = measure.ttft_chart(s)
@@ -119,10 +138,11 @@ def test_batch_sweep(tiny):
     assert s.batch_sizes == [1, 2, 4] and s.prompt_len == 4 and s.context == 16
     assert len(s.prefill_s) == len(s.decode_s) == len(s.decode_tokens_per_s) == 3
     # Weights are read once per step, whatever the batch; each sequence adds its own cache.
-    kv = perf.kv_bytes_per_token(tiny.config, 4) * 17
+    kv = TINY_KV * 17                                      # 16 cached + the new token
     assert s.decode_kv_bytes == [kv, 2 * kv, 4 * kv]
-    assert s.decode_bytes == [tiny.weight_nbytes + b * kv for b in (1, 2, 4)]
-    assert 0 < s.kv_fraction[0] < s.kv_fraction[1] < s.kv_fraction[2] < 1
+    weights = tiny_weight_bytes(tiny)
+    assert s.decode_bytes == [weights + b * kv for b in (1, 2, 4)]
+    assert s.kv_fraction == pytest.approx([b * kv / (weights + b * kv) for b in (1, 2, 4)], rel=1e-12)
     assert s.device == measure.device_label(tiny)
     fig = measure.batch_chart(s)
     assert list(fig.data[1].x) == ["1", "2", "4"] and s.device in fig.layout.title.text
@@ -133,9 +153,30 @@ def test_batch_sweep(tiny):
 # --- the roofline ---------------------------------------------------------------
 
 def test_roofline_numbers_are_positive_and_points_well_formed(tiny):
-    assert measure.measure_bandwidth("cpu", nbytes=4 * 2**20, repeats=2) > 0
-    assert measure.measure_matmul_flops("cpu", torch.float32, n=64, repeats=2) > 0
+    # Real measurements: plausible for any machine (a unit slip, bits or GB, is off by 8x or 1e9x).
+    assert 1e8 < measure.measure_bandwidth("cpu", nbytes=4 * 2**20, repeats=2) < 1e13
+    assert 1e7 < measure.measure_matmul_flops("cpu", torch.float32, n=64, repeats=2) < 1e15
     work = perf.decode_workload(tiny, 10)
+    # Decode with 10 cached tokens, by hand: 2 per block weight, 4 x 8 per key (11 keys) per
+    # head and layer, the LM head once; bytes: the weights and 11 tokens' K and V.
+    flops = 2 * TINY_BLOCKS + 3 * 8 * 4 * 8 * 11 + 2 * 64 * 211
+    nbytes = tiny_weight_bytes(tiny) + 11 * TINY_KV
     point = measure.roofline_point(work, 0.5)
-    assert point == {"name": work.name, "intensity": work.intensity, "flops_per_s": work.flops / 0.5}
+    assert point == {"name": "decode step", "intensity": pytest.approx(flops / nbytes, rel=1e-12),
+                     "flops_per_s": 2 * flops}
     assert measure.roofline_point(work, 1.0, name="decode")["name"] == "decode"
+
+
+def test_roofs_divide_the_work_by_the_fastest_run(monkeypatch):
+    """Bandwidth is bytes read / the fastest run; matmul FLOP/s is 2 n^3 / the fastest run."""
+    runs = []
+
+    def fake_time_fn(fn, device, repeats=3, warmup=None, setup=None):
+        runs.append(fn())
+        return measure.Timing([0.5, 0.25, 2.0]), runs[-1]
+
+    monkeypatch.setattr(measure, "time_fn", fake_time_fn)
+    assert measure.measure_bandwidth("cpu", nbytes=4 * 1000) == 4000 / 0.25
+    assert float(runs[-1]) == 1000                       # it summed 1000 fp32 ones: every byte read
+    assert measure.measure_matmul_flops("cpu", torch.float32, n=16) == 2 * 16**3 / 0.25
+    assert runs[-1].shape == (16, 16)

@@ -465,12 +465,12 @@ def test_real_attention_heatmap_and_grid(model, paris):
     assert layer.shape == (model.config.n_heads, 5, 5)
     fig = viz.attention_heatmap(layer[0], enc.tokens, enc.tokens, layer=3, head=0)
     z = np.asarray(fig.data[0].z)
-    np.testing.assert_allclose(z.sum(axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(z.sum(axis=1), 1.0, atol=1e-6)   # fp32: measured 1.2e-7 off at most
     assert np.all(z[np.triu_indices(5, 1)] == 0)         # causal: no token sees the future
     assert ticktext(fig.layout.xaxis) == LABELS[:5]
     grid = viz.attention_grid(layer, enc.tokens, layer=3)
     assert len(grid.data) == 9
-    np.testing.assert_allclose(grid.data[8].z, layer[8].numpy(), atol=1e-7)
+    np.testing.assert_array_equal(grid.data[8].z, layer[8].numpy())   # passed through unchanged
 
 
 def test_real_embeddings(paris, model):
@@ -479,9 +479,9 @@ def test_real_embeddings(paris, model):
     enc, _, trace = paris
     vectors = labkit.embed(model, enc.ids)               # (T, 576)
     fig = viz.embedding_heatmap(vectors, enc.tokens)
-    np.testing.assert_allclose(fig.data[0].z, vectors[:, :64].numpy(), atol=1e-7)
+    np.testing.assert_array_equal(fig.data[0].z, vectors[:, :64].numpy())
     sim = np.asarray(viz.cosine_similarity_heatmap(trace.hidden[0], enc.tokens).data[0].z)
-    assert sim.shape == (5, 5) and np.allclose(np.diag(sim), 1, atol=1e-5)
+    assert sim.shape == (5, 5) and np.allclose(np.diag(sim), 1, rtol=0, atol=2e-6)   # measured 2.4e-7 off
 
 
 def test_real_logit_lens_ends_on_paris(model, paris):
@@ -535,15 +535,20 @@ def test_real_generation_timing_and_cache(model):
     steps = gen.steps
     fig = viz.timing_chart([s.seconds for s in steps], prefill_steps=1)
     line = next(t for t in fig.data if (t.name or "").startswith("median TPOT"))
-    assert line.y[0] == pytest.approx(gen.tpot_s * 1000)
+    decode_ms = sorted(s.seconds * 1000 for s in steps[1:])
+    assert line.y[0] == pytest.approx(decode_ms[len(decode_ms) // 2])     # the upper middle of 2
     cache = viz.kv_cache_chart([s.index for s in steps], [s.cache_nbytes for s in steps])
     y = np.asarray(cache.data[0].y) * 1e6
-    cfg = model.config
-    per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4   # fp32
+    # SmolLM2-135M, by hand: 2 (K, V) x 30 layers x 3 KV heads x 64 x 4 bytes (fp32) per token.
+    per_token = 46_080
     np.testing.assert_allclose(np.diff(y), per_token)
-    bars = viz.cache_size_comparison(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
-                                     steps[-1].cache_len, bytes_per_value=4)
-    assert bars.data[0].customdata[1] == steps[-1].cache_nbytes
+    assert steps[-1].cache_len == 5 + 3 - 1                 # 5 prompt tokens, the last token not yet fed
+    assert steps[-1].cache_nbytes == 7 * per_token
+    cfg = model.config
+    bars = viz.cache_size_comparison(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, 7,
+                                     bytes_per_value=4)
+    # 9 (MHA), 3 (GQA) and 1 (MQA) KV heads
+    assert list(bars.data[0].customdata) == [3 * 7 * per_token, 7 * per_token, 7 * per_token // 3]
 
 
 def test_long_titles_wrap_to_the_figure_width():

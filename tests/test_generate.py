@@ -1,16 +1,38 @@
-"""The loop: greedy tokens against transformers, cache against no cache, streaming, stopping."""
+"""The loop: tokens against transformers and against a loop written out by hand,
+streaming, stopping, timing.
+
+References never come from `generate` itself: greedy and beam tokens from
+`model.hf.generate`, sampled tokens from a prefill + decode loop written here
+(model.forward on a KV cache, labkit.sample with one torch.Generator seeded
+as documented), text from the tokenizer.
+"""
+
+import time
 
 import pytest
 import torch
 
 import labkit
+from labkit.generate import Generation, Step
+
+ONCE = "Once upon a time"
 
 
-def hf_greedy(model, ids, n):
+def hf_greedy(model, ids, n, **kwargs):
     with torch.inference_mode():
         out = model.hf.generate(ids[None], max_new_tokens=n, do_sample=False, min_new_tokens=n,
-                                pad_token_id=model.tokenizer.pad_token_id or 0)
+                                pad_token_id=model.tokenizer.pad_token_id or 0, **kwargs)
     return out[0, len(ids):].tolist()
+
+
+_HF_GREEDY = {}
+
+
+def hf_greedy_once(model, n=16):
+    """transformers' greedy continuation of ONCE (computed once per session)."""
+    if n not in _HF_GREEDY:
+        _HF_GREEDY[n] = hf_greedy(model, labkit.encode(model, ONCE).ids, n)
+    return _HF_GREEDY[n]
 
 
 @pytest.mark.parametrize("text", ["The capital of France is", "def fibonacci(n):"])
@@ -18,69 +40,194 @@ def test_greedy_tokens_match_transformers(model, text):
     ids = labkit.encode(model, text).ids
     gen = labkit.generate(model, ids, max_new_tokens=20, stop_at_eos=False)
     assert gen.token_ids == hf_greedy(model, ids, 20)
+    assert gen.finish_reason == "length" and len(gen.steps) == 20
+    assert gen.text == model.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
 
 
 def test_paris_end_to_end(model):
-    gen = labkit.generate(model, "The capital of France is", max_new_tokens=3)
+    t0 = time.perf_counter()
+    gen = labkit.generate(model, "The capital of France is", max_new_tokens=4)
+    wall = time.perf_counter() - t0
     assert gen.text.startswith(" Paris")
-    assert gen.steps[0].phase == "prefill" and gen.steps[1].phase == "decode"
-    assert gen.ttft_s > 0 and gen.tpot_s > 0
+    assert [s.phase for s in gen.steps] == ["prefill", "decode", "decode", "decode"]
+    assert [s.index for s in gen.steps] == [0, 1, 2, 3]
+    # Each step times itself only: all positive, and together no longer than the call.
+    assert all(s.seconds > 0 for s in gen.steps)
+    assert gen.total_s <= wall
+    assert gen.ttft_s == gen.steps[0].seconds and gen.tpot_s > 0
 
 
-def test_without_cache_same_tokens(model):
-    with_cache = labkit.generate(model, "Once upon a time", max_new_tokens=12, stop_at_eos=False)
-    without = labkit.generate(model, "Once upon a time", max_new_tokens=12, stop_at_eos=False,
-                              use_cache=False)
-    assert with_cache.token_ids == without.token_ids
-    assert without.cache is None and all(s.cache_len == 0 for s in without.steps)
+def test_timing_properties():
+    """ttft_s, tpot_s, tokens_per_s and total_s on hand-made steps."""
+    def gen_with(seconds):
+        steps = [Step(i, 0, "", 1.0, s, 0, 0, "prefill" if i == 0 else "decode") for i, s in enumerate(seconds)]
+        return Generation("", [], steps=steps)
+
+    g = gen_with([0.5, 0.3, 0.1, 0.2])
+    assert g.ttft_s == 0.5                       # the prefill step, not the largest or the first decode
+    assert g.tpot_s == 0.2                       # median of the decode steps 0.3, 0.1, 0.2
+    assert g.tokens_per_s == pytest.approx(5.0)
+    assert g.total_s == pytest.approx(1.1)
+    g = gen_with([0.01, 0.9, 0.05, 0.06, 0.07, 0.04])
+    assert g.ttft_s == 0.01 and g.tpot_s == 0.06  # median of 0.9, 0.05, 0.06, 0.07, 0.04: robust to 0.9
+    g = gen_with([0.25, 0.125])
+    assert g.ttft_s == 0.25 and g.tpot_s == 0.125 and g.tokens_per_s == 8.0
+    one = gen_with([0.25])                       # prefill only: no decode step to time
+    assert one.ttft_s == 0.25 and one.tpot_s != one.tpot_s and one.tokens_per_s != one.tokens_per_s
+    empty = gen_with([])
+    assert empty.ttft_s != empty.ttft_s and empty.total_s == 0
+    assert "TTFT 250.0 ms" in repr(one)
+
+
+def test_without_cache_matches_transformers(model):
+    ids = labkit.encode(model, ONCE).ids
+    without = labkit.generate(model, ids, max_new_tokens=12, stop_at_eos=False, use_cache=False)
+    assert without.token_ids == hf_greedy_once(model)[:12]
+    assert without.finish_reason == "length"
+    assert without.cache is None
+    assert all(s.cache_len == 0 and s.cache_nbytes == 0 for s in without.steps)
 
 
 def test_steps_record_cache_growth(model):
-    gen = labkit.generate(model, "The capital of France is", max_new_tokens=6, stop_at_eos=False)
+    ids = labkit.encode(model, "The capital of France is").ids
+    gen = labkit.generate(model, ids, max_new_tokens=6, stop_at_eos=False)
     per_token = gen.cache.bytes_per_token
     assert [s.cache_len for s in gen.steps] == [5, 6, 7, 8, 9, 10]
     assert [s.cache_nbytes for s in gen.steps] == [n * per_token for n in range(5, 11)]
     c = model.config
     assert per_token == 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4   # fp32: 4 bytes
-    probs = [s.prob for s in gen.steps]
-    assert all(0 < p <= 1 for p in probs)
+    # Step.prob: the model's probability of the token, from transformers' logits.
+    full = torch.cat([ids, torch.tensor(gen.token_ids)])
+    with torch.inference_mode():
+        hf_logits = model.hf(full[None]).logits[0, len(ids) - 1:-1].float()
+    expected = hf_logits.softmax(-1)[torch.arange(6), torch.tensor(gen.token_ids)]
+    assert torch.allclose(torch.tensor([s.prob for s in gen.steps]), expected, atol=1e-4)
 
 
 def test_record_gives_the_decode_row(model):
-    gen = labkit.generate(model, "The capital of France is", max_new_tokens=3, record=True,
-                          stop_at_eos=False)
+    gen = labkit.generate(model, ONCE, max_new_tokens=3, record=True, stop_at_eos=False)
     c = model.config
-    for step in gen.steps:
-        assert step.attention.shape == (c.n_layers, c.n_heads, step.cache_len - 1 + 1)
+    n_prompt = len(gen.prompt_ids)
+    for i, step in enumerate(gen.steps):
+        assert step.cache_len == n_prompt + i           # the new token enters the cache next step
+        assert step.attention.shape == (c.n_layers, c.n_heads, n_prompt + i)   # one row over every key
         assert torch.allclose(step.attention.sum(-1), torch.ones(c.n_layers, c.n_heads), atol=1e-4)
-    plain = labkit.generate(model, "The capital of France is", max_new_tokens=3, stop_at_eos=False)
-    assert gen.token_ids == plain.token_ids
+    assert gen.prefill_trace is not None
+    assert gen.token_ids == hf_greedy_once(model)[:3]
 
 
 def test_streaming_never_splits_a_character(model):
-    pieces = []
-    prompt = [{"role": "user", "content": "用中文回答：法国的首都是哪里？"}]
-    gen = labkit.generate(model, prompt, max_new_tokens=24, on_token=lambda piece, step: pieces.append(piece))
-    assert "".join(pieces) == model.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+    """The greedy continuation of this prompt is Chinese whose characters take
+    two or three byte-level tokens each; 12 tokens end inside a character."""
+    pieces, seen = [], []
+    gen = labkit.generate(model, "法国的首都是巴黎。德国的首都是", max_new_tokens=12, stop_at_eos=False,
+                          on_token=lambda piece, step: (pieces.append(piece), seen.append(step)))
+    decode = model.tokenizer.decode
+    assert len(pieces) == len(gen.steps) == 12 and seen == gen.steps
+    assert [s.text for s in gen.steps] == pieces
+    assert "".join(pieces) == decode(gen.token_ids, skip_special_tokens=True)
+    assert "".join(pieces) == gen.text
+    assert "" in pieces[:-1]                           # measured: a character did span tokens ...
+    assert any("\u4e00" <= ch <= "\u9fff" for ch in gen.text)   # ... and the text is Chinese
     assert all("\ufffd" not in p for p in pieces[:-1])
-    assert len(pieces) == len(gen.steps)
+    assert pieces[-1].endswith("\ufffd")               # cut off at the length limit mid-character: flushed
+    for i in range(12):
+        so_far = decode(gen.token_ids[:i + 1], skip_special_tokens=True)
+        if not so_far.endswith("\ufffd"):              # whenever the text is whole, the stream has all of it
+            assert "".join(pieces[:i + 1]) == so_far
 
 
-def test_stop_strings_and_eos(model):
+def test_stop_strings(model):
+    decode = model.tokenizer.decode
     gen = labkit.generate(model, "The capital of France is", max_new_tokens=30, stop=["."])
-    assert gen.finish_reason == "stop" and "." not in gen.text and gen.text.startswith(" Paris")
-    chat = labkit.generate(model, "Say hi.", chat=True, max_new_tokens=60)
-    assert chat.finish_reason == "eos"
-    assert chat.token_ids[-1] in labkit.generate.__globals__["eos_ids"](model)
+    full = decode(gen.token_ids, skip_special_tokens=True)
+    assert gen.finish_reason == "stop" and gen.text.startswith(" Paris")
+    assert gen.text == full[:full.index(".")]           # cut just before the stop string
+    assert "." not in decode(gen.token_ids[:-1])         # stopped at the first token that made it
+    # a plain string works too; stopping on the last allowed token is still "stop"
+    last = labkit.generate(model, "The capital of France is", max_new_tokens=len(gen.token_ids), stop=".")
+    assert last.token_ids == gen.token_ids and last.finish_reason == "stop" and last.text == gen.text
+    # with several stop strings the text is cut at the earliest one found
+    first = labkit.generate(model, "The capital of France is", max_new_tokens=5, stop=["ris", " P"])
+    assert decode(first.token_ids) == " Paris"           # one token contained both
+    assert first.finish_reason == "stop" and first.text == ""
+    other = labkit.generate(model, "The capital of France is", max_new_tokens=5, stop=["xyz", "ris"])
+    assert other.finish_reason == "stop" and other.text == " Pa"
 
 
-def test_sampling_with_seed_repeats(model):
-    a = labkit.generate(model, "Once upon a time", max_new_tokens=10, method="top_p", top_p=0.9,
-                        temperature=1.0, seed=3)
-    b = labkit.generate(model, "Once upon a time", max_new_tokens=10, method="top_p", top_p=0.9,
-                        temperature=1.0, seed=3)
-    assert a.token_ids == b.token_ids
+def test_eos_and_length(model):
+    prompt = "What is 2+2? Answer with just the number."
+    eos = model.tokenizer.eos_token_id
+    chat = labkit.generate(model, prompt, chat=True, max_new_tokens=30)
+    n = len(chat.token_ids)
+    assert chat.finish_reason == "eos" and n < 30          # measured: "2 + 2 = 4", 8 tokens
+    assert chat.token_ids[-1] == eos and eos not in chat.token_ids[:-1]
+    assert "4" in chat.text and chat.text == model.tokenizer.decode(chat.token_ids, skip_special_tokens=True)
+    # EOS on the last allowed token is still "eos"
+    exact = labkit.generate(model, prompt, chat=True, max_new_tokens=n)
+    assert exact.token_ids == chat.token_ids and exact.finish_reason == "eos"
+    # stop_at_eos=False runs past it to the length limit
+    past = labkit.generate(model, prompt, chat=True, max_new_tokens=n + 1, stop_at_eos=False)
+    assert past.token_ids[:n] == chat.token_ids and len(past.token_ids) == n + 1
+    assert past.finish_reason == "length"
+    one = labkit.generate(model, prompt, chat=True, max_new_tokens=1)
+    assert one.token_ids == chat.token_ids[:1] and one.finish_reason == "length"
+    none = labkit.generate(model, prompt, chat=True, max_new_tokens=0)
+    assert none.token_ids == [] and none.steps == [] and none.text == "" and none.finish_reason == ""
 
+
+def test_repetition_penalty_matches_transformers(model):
+    ids = labkit.encode(model, ONCE).ids
+    gen = labkit.generate(model, ids, max_new_tokens=12, repetition_penalty=1.5, stop_at_eos=False)
+    assert gen.token_ids == hf_greedy(model, ids, 12, repetition_penalty=1.5)
+    assert gen.token_ids != hf_greedy_once(model)[:12]   # the penalty changed the text (measured)
+
+
+# ----------------------------------------------------------------------------
+# Sampling: generate against a prefill + decode loop written out by hand
+# ----------------------------------------------------------------------------
+
+def sampled_by_hand(model, ids, n, method, seed, **kwargs):
+    """Prefill, then decode one token at a time on a KV cache, drawing every
+    token from one torch.Generator seeded with `seed` (what generate(seed=)
+    documents). Returns the tokens and the model's probability of each."""
+    g = torch.Generator(device=model.device)
+    g.manual_seed(seed)
+    cache = model.new_cache(max_len=len(ids) + n)
+    previous = ids.tolist()
+    tokens, probs = [], []
+    for i in range(n):
+        logits = model.forward(ids if i == 0 else torch.tensor(tokens[-1:]), cache=cache)[-1]
+        token, _ = labkit.sample(logits, method, generator=g, previous_ids=previous, **kwargs)
+        probs.append(float(logits.float().softmax(-1)[token]))
+        tokens.append(token)
+        previous.append(token)
+    return tokens, probs
+
+
+@pytest.mark.parametrize("method, kwargs, seed", [
+    ("temperature", dict(temperature=1.5), 1),
+    ("top_k", dict(temperature=1.5, top_k=20), 2),
+    ("top_p", dict(temperature=1.5, top_p=0.9), 3),
+    ("min_p", dict(temperature=1.5, min_p=0.05, repetition_penalty=1.3), 4),
+])
+def test_sampling_matches_a_loop_by_hand(model, method, kwargs, seed):
+    n = 12
+    ids = labkit.encode(model, ONCE).ids
+    gen = labkit.generate(model, ids, max_new_tokens=n, method=method, seed=seed, stop_at_eos=False, **kwargs)
+    tokens, probs = sampled_by_hand(model, ids, n, method, seed, **kwargs)
+    assert gen.token_ids == tokens
+    assert [s.token_id for s in gen.steps] == tokens
+    assert [s.prob for s in gen.steps] == pytest.approx(probs, rel=1e-4, abs=1e-6)   # softmax at T = 1
+    assert tokens != hf_greedy_once(model)[:n]           # sampling, not the argmax
+    other = labkit.generate(model, ids, max_new_tokens=n, method=method, seed=seed + 100,
+                            stop_at_eos=False, **kwargs)
+    assert other.token_ids != tokens                     # another seed, another text
+
+
+# ----------------------------------------------------------------------------
+# Beam search
+# ----------------------------------------------------------------------------
 
 def test_beam_search_matches_transformers(model):
     ids = labkit.encode(model, "The capital of France is").ids
@@ -93,10 +240,39 @@ def test_beam_search_matches_transformers(model):
 
 
 def test_beam_of_one_is_greedy(model):
-    ids = labkit.encode(model, "Once upon a time").ids
+    ids = labkit.encode(model, ONCE).ids
     beam = labkit.generate(model, ids, max_new_tokens=8, method="beam", num_beams=1, stop_at_eos=False)
-    greedy = labkit.generate(model, ids, max_new_tokens=8, stop_at_eos=False)
-    assert beam.token_ids == greedy.token_ids
+    assert beam.token_ids == hf_greedy_once(model)[:8]
+
+
+# ----------------------------------------------------------------------------
+# Arguments
+# ----------------------------------------------------------------------------
+
+def test_generate_checks_its_arguments(model):
+    limit = model.config.max_len
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        labkit.generate(model, [1, 2], max_new_tokens=-1)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        labkit.generate(model, [1, 2], max_new_tokens=2.0)
+    with pytest.raises(ValueError, match="method"):
+        labkit.generate(model, [1, 2], method="nucleus")
+    with pytest.raises(ValueError, match="temperature"):
+        labkit.generate(model, [1, 2], method="temperature", temperature=-1)
+    with pytest.raises(ValueError, match="num_beams"):
+        labkit.generate(model, [1, 2], method="beam", num_beams=0)
+    with pytest.raises(ValueError, match="empty"):
+        labkit.generate(model, torch.tensor([], dtype=torch.long))
+    # The context is the limit: a prompt that fills it exactly is allowed (with nothing to add) ...
+    full = labkit.generate(model, [1] * limit, max_new_tokens=0)
+    assert full.prompt_ids == [1] * limit and full.token_ids == []
+    # ... one token more, or one new token too many, is not.
+    with pytest.raises(ValueError, match="more than the model's context"):
+        labkit.generate(model, [1] * (limit + 1), max_new_tokens=0)
+    with pytest.raises(ValueError, match="max_new_tokens must be <= 0"):
+        labkit.generate(model, [1] * limit, max_new_tokens=1)
+    with pytest.raises(ValueError, match="max_new_tokens must be <= 1 "):
+        labkit.generate(model, [1] * (limit - 1), max_new_tokens=2)
 
 
 def test_cli(capsys):

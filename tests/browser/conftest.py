@@ -95,6 +95,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         interactions = ", ".join(f"{i.action} {'%.1f s' % i.seconds if i.ok else 'FAILED'}" for i in r.interactions)
         tr.write_line(f"{name:<22} {r.seconds:6.1f} s  {r.charts:3d} charts  {r.controls:3d} controls"
                       + (f"  {interactions}" if interactions else ""))
+        ok = [t for u, status, t in r.responses if u.startswith("http") and 200 <= status < 300]
+        kernel = sum(n for u, n in r.websockets.items() if "/api/kernels/" in u)
+        tr.write_line(f"{'':<22} loaded: {len(ok)} local 2xx answers ({ok.count('script')} scripts), "
+                      f"{kernel} kernel websocket frames"
+                      + (f", {r.executed} of {r.code_cells} code cells ran" if r.code_cells else "")
+                      + (f", {len(r.failed_requests)} local requests failed" if r.failed_requests else ""))
         for e in sorted(set(r.page_errors))[:3]:
             tr.write_line(f"{'':<22} JS error: {e[:150]}")
         for e in sorted(set(r.console_errors))[:3]:

@@ -88,6 +88,70 @@ class PageReport:
     console_errors: list[str] = field(default_factory=list)  # console.error lines (diagnostics only)
     screenshots: list[Path] = field(default_factory=list)
     unfinished: str = ""                  # why the run did not finish (timeout, ...)
+    # What the page got from this machine: proof that it loaded at all (a page that
+    # never loaded also leaves `outside_requests` empty).
+    responses: list[tuple[str, int, str]] = field(default_factory=list)  # local (url, status, resource type)
+    failed_requests: list[str] = field(default_factory=list)   # local requests that got no answer
+    websockets: dict[str, int] = field(default_factory=dict)    # local websocket url -> frames received
+    code_cells: int = 0                   # code cells in the notebook (JupyterLab only)
+    executed: int = 0                     # of those, the ones with an execution count
+
+
+@dataclass(frozen=True)
+class MustRender:
+    """What a page must have shown before its request log means anything."""
+    charts: int = 0                       # at least this many plotly charts
+    controls: int = 0                     # at least this many controls
+    cells: int = 0                        # at least this many code cells ran (JupyterLab)
+    kernel: bool = True                   # a kernel websocket connected and sent frames
+
+
+def is_http(url: str) -> bool:
+    return url.startswith(("http://", "https://"))
+
+
+def load_problems(report: PageReport, must: MustRender) -> list[str]:
+    """Why `report` is not of a page that loaded and rendered what `must` asks ([] when it is):
+    the run finished, the page itself and some JavaScript came from this machine with
+    2xx, a kernel websocket answered, and the charts, controls and executed cells are
+    at least what `must` says."""
+    problems = []
+    if report.unfinished:
+        problems.append(f"the run did not finish: {report.unfinished}")
+    if report.dialogs:
+        problems.append(f"a dialog blocked the page: {report.dialogs}")
+    ok = [(u, t) for u, status, t in report.responses if is_http(u) and 200 <= status < 300]
+    if not any(t == "document" for _, t in ok):
+        pages = [(u, status) for u, status, t in report.responses if t == "document"]
+        problems.append(f"no page came from the local server with a 2xx answer (documents: {pages[:3]}; "
+                        f"failed: {report.failed_requests[:3]})")
+    scripts = [u for u, t in ok if t == "script"]
+    if not scripts:
+        problems.append("no JavaScript came from the local server (the page's bundle never loaded)")
+    if must.kernel:
+        kernel = {u: n for u, n in report.websockets.items() if "/api/kernels/" in u}
+        if not any(kernel.values()):
+            problems.append(f"no kernel websocket connected and answered (local websockets and their "
+                            f"frames received: {report.websockets or 'none'})")
+    if report.charts < must.charts:
+        problems.append(f"{report.charts} plotly charts rendered, expected at least {must.charts}")
+    if report.controls < must.controls:
+        problems.append(f"{report.controls} controls rendered, expected at least {must.controls}")
+    if report.executed < must.cells:
+        problems.append(f"{report.executed} of {report.code_cells} code cells ran, expected at least {must.cells}")
+    return problems
+
+
+def offline_problems(report: PageReport, must: MustRender) -> list[str]:
+    """Why `report` does not show a page that rendered what it should while asking
+    nothing of any host but this machine ([] when it does). An empty log of outside
+    requests is only evidence when the page demonstrably loaded (load_problems)."""
+    problems = []
+    if report.outside_requests:
+        problems.append(f"the page asked hosts other than this machine for: {sorted(set(report.outside_requests))}")
+    problems += [f"{p} -- so its empty log of outside requests proves nothing" if not report.outside_requests
+                 else p for p in load_problems(report, must)]
+    return problems
 
 
 # ----------------------------------------------------------------------------
@@ -233,7 +297,29 @@ def new_page(browser, report: PageReport, viewport=None):
 
     context.route("**/*", route)
     page = context.new_page()
-    page.on("websocket", lambda ws: None if is_local(ws.url) else report.outside_requests.append(ws.url))
+
+    def websocket(ws):
+        if not is_local(ws.url):
+            report.outside_requests.append(ws.url)
+            return
+        report.websockets.setdefault(ws.url, 0)
+
+        def frame(_payload, url=ws.url):
+            report.websockets[url] += 1
+
+        ws.on("framereceived", frame)
+
+    def response(r):
+        if is_local(r.url):
+            report.responses.append((r.url, r.status, r.request.resource_type))
+
+    def failed(r):
+        if is_local(r.url):
+            report.failed_requests.append(f"{r.url} ({r.failure})")
+
+    page.on("websocket", websocket)
+    page.on("response", response)
+    page.on("requestfailed", failed)
     page.on("pageerror", lambda e: report.page_errors.append(f"{e.name}: {e.message}"))
     page.on("console", lambda m: report.console_errors.append(m.text[:500]) if m.type == "error" else None)
     page.set_default_timeout(seconds(60) * 1000)
@@ -460,6 +546,8 @@ def run_in_jupyterlab(browser, server, name: str, interactions=(), timeout: floa
         report.seconds = time.monotonic() - start
         wait_for_charts(page, seconds(60))
         cells = page.evaluate(JS_CELLS, path)
+        report.code_cells = len(cells)
+        report.executed = sum(c["count"] is not None for c in cells)
         for c in cells:
             for e in c["errors"]:
                 report.errors.append(f"cell {c['index'] + 1} ({c['source']!r}): {e}")

@@ -10,19 +10,19 @@
 
 Files, in the order data flows: models.py (load), encode.py (stage 1),
 transformer.py (stage 2), kv_cache.py, sampling.py (stage 3), generate.py
-(prefill + decode), trace.py (what a forward pass records); viz.py and
+(prefill + decode), trace.py (what a forward pass records); charts.py and
 widgets.py draw it.
 """
 
-from .encode import (Encoding, embed, encode, format_chat, learned_positions, model_rope_angles,
+from .encoding import (Encoding, embed, encode, format_chat, learned_positions, model_rope_angles,
                      normalize, rope_angles, sinusoidal_positions, token_strings)
-from .generate import Generation, Step, decode_one_token, generate, prefill
+from .generation import Generation, Step, decode_one_token, generate, prefill
 from .kv_cache import KVCache
-from .models import (DEFAULT_MODEL, ModelNotAvailableError, cache_dir, default_dtype, default_gguf_file,
+from .loading import (DEFAULT_MODEL, ModelNotAvailableError, cache_dir, default_dtype, default_gguf_file,
                      load_model)
 from .sampling import METHODS, distribution, sample
 from .trace import Trace, logit_lens
-from .transformer import SUPPORTED, Model, ModelConfig, attention_by_hand
+from .model import SUPPORTED, Model, ModelConfig, attention_by_hand
 
 __all__ = [
     "DEFAULT_MODEL", "Encoding", "Generation", "KVCache", "METHODS", "Model", "ModelConfig",

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .generate import generate
-from .models import load_model
+from .generation import generate
+from .loading import load_model
 from .sampling import METHODS
 
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from . import viz
+from . import charts
 
 
 @dataclass(frozen=True)
@@ -276,16 +276,16 @@ def timeline_chart(results: dict[str, BatchingResult] | list[BatchingResult],
                         subplot_titles=[f"{r.policy} batching: {r.throughput:.1f} tokens/s, "
                                         f"mean latency {r.mean_latency_s:.2f} s" for r in results]
                         + ["sequences producing a token in each step"])
-    colours = {"static": viz.ORANGE, "continuous": viz.BLUE}
+    colours = {"static": charts.ORANGE, "continuous": charts.BLUE}
     for row, r in enumerate(results, start=1):
         ids = [rec.request.id for rec in r.records]
         waits = [rec.queue_s for rec in r.records]
         runs = [rec.finish_s - rec.start_s for rec in r.records]
         fig.add_trace(go.Bar(y=ids, x=waits, base=[rec.request.arrival_s for rec in r.records], orientation="h",
-                             marker_color=viz.GREY, name="waiting", showlegend=row == 1, legendgroup="wait",
+                             marker_color=charts.GREY, name="waiting", showlegend=row == 1, legendgroup="wait",
                              hovertemplate="request %{y}<br>waited %{x:.2f} s<extra></extra>"), row=row, col=1)
         fig.add_trace(go.Bar(y=ids, x=runs, base=[rec.start_s for rec in r.records], orientation="h",
-                             marker_color=colours.get(r.policy, viz.GREEN), name=f"{r.policy}: running",
+                             marker_color=colours.get(r.policy, charts.GREEN), name=f"{r.policy}: running",
                              customdata=[rec.request.output_len for rec in r.records],
                              hovertemplate="request %{y}: %{customdata} tokens<br>ran %{x:.2f} s<extra></extra>"),
                       row=row, col=1)
@@ -301,17 +301,17 @@ def timeline_chart(results: dict[str, BatchingResult] | list[BatchingResult],
                           row=row, col=1)
         fig.update_yaxes(title="request", autorange="reversed", row=row, col=1)
         fig.add_trace(go.Scatter(x=[s.start_s for s in r.steps], y=[len(s.running) for s in r.steps],
-                                 mode="lines", line=dict(shape="hv", color=colours.get(r.policy, viz.GREEN)),
+                                 mode="lines", line=dict(shape="hv", color=colours.get(r.policy, charts.GREEN)),
                                  name=f"{r.policy}: busy slots", showlegend=False,
                                  hovertemplate="t %{x:.2f} s<br>%{y} sequences<extra></extra>"),
                       row=n + 1, col=1)
     max_batch = max(r.max_batch for r in results)
     fig.update_yaxes(title="busy slots", range=[0, max_batch + 0.5], row=n + 1, col=1)
     fig.update_xaxes(title="time (s)", row=n + 1, col=1)
-    fig.update_layout(title=viz._title(title, f"max batch {max_batch}, {len(results[0].records)} requests"),
+    fig.update_layout(title=charts._title(title, f"max batch {max_batch}, {len(results[0].records)} requests"),
                       barmode="overlay", bargap=0.25, width=1000, height=260 * n + 340, margin=dict(t=140),
                       legend=dict(orientation="h", yanchor="bottom", y=1.04, x=1, xanchor="right"))
-    return viz.fit_title(fig)
+    return charts.fit_title(fig)
 
 
 def summary_chart(results: dict[str, BatchingResult] | list[BatchingResult],
@@ -323,13 +323,13 @@ def summary_chart(results: dict[str, BatchingResult] | list[BatchingResult],
               ("p90 latency (s)", lambda r: r.percentile(90)),
               ("slot utilisation (%)", lambda r: 100 * r.slot_utilisation)]
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[0] for p in panels], horizontal_spacing=0.08)
-    colours = {"static": viz.ORANGE, "continuous": viz.BLUE}
+    colours = {"static": charts.ORANGE, "continuous": charts.BLUE}
     for col, (name, fn) in enumerate(panels, start=1):
         values = [fn(r) for r in results]
         fig.add_trace(go.Bar(x=[r.policy for r in results], y=values, text=[f"{v:.3g}" for v in values],
                              textposition="outside", cliponaxis=False, showlegend=False,
-                             marker_color=[colours.get(r.policy, viz.GREEN) for r in results],
+                             marker_color=[colours.get(r.policy, charts.GREEN) for r in results],
                              hovertemplate=f"%{{x}}<br>{name}: %{{y:.3g}}<extra></extra>"), row=1, col=col)
         fig.update_yaxes(rangemode="tozero", range=[0, max(values) * 1.25], row=1, col=col)
-    fig.update_layout(title=viz._title(title, "same requests, same step costs"), width=1050, height=420)
-    return viz.fit_title(fig)
+    fig.update_layout(title=charts._title(title, "same requests, same step costs"), width=1050, height=420)
+    return charts.fit_title(fig)

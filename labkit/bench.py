@@ -14,7 +14,7 @@ What it measures, all in the same process so the numbers share a machine state:
    TTFT is the prefill step, TPOT the median decode step.
 3. Decode without a KV cache against with one, at the longest prompt.
 4. The quality cost of int8 / int4 (KL divergence, greedy agreement).
-5. On CUDA: the captured decode step (labkit.fast.GraphDecoder).
+5. On CUDA: the captured decode step (labkit.cuda_graphs.GraphDecoder).
 6. llama.cpp on the same GGUF file, when llama-cpp-python is installed
    (a benchmark-only extra: pip install llama-cpp-python).
 
@@ -104,7 +104,7 @@ class Timing:
 
 
 def run_labkit(model, ids: list[int], new_tokens: int, use_cache: bool = True) -> Timing:
-    from .generate import generate
+    from .generation import generate
 
     gen = generate(model, ids, new_tokens, use_cache=use_cache, stop_at_eos=False)
     return Timing(gen.ttft_s, gen.tpot_s, gen.token_ids)
@@ -165,7 +165,7 @@ def run_llama_cpp(llm, ids: list[int], new_tokens: int) -> Timing:
 
 def prompt_ids(model, length: int) -> list[int]:
     """A fixed English prompt cut to exactly `length` tokens."""
-    from .encode import encode
+    from .encoding import encode
 
     text = " ".join(f"Note {i}: the capital of France is Paris, and water boils at 100 degrees."
                     for i in range(length // 8 + 2))
@@ -304,7 +304,7 @@ def _llama_cpp(threads: int, n_ctx: int, log):
         from llama_cpp import Llama
     except ImportError:
         return None
-    from .models import default_gguf_file
+    from .loading import default_gguf_file
 
     path = default_gguf_file()
     log(f"llama.cpp: {path.name}")
@@ -319,8 +319,8 @@ def run(quick: bool = False, device: str | None = None, precisions=None, lengths
     the defaults of a full run (or of --quick)."""
     import transformers
 
-    from .fast import GraphDecoder
-    from .models import default_device
+    from .cuda_graphs import GraphDecoder
+    from .loading import default_device
     from .quantize import PROMPTS, compare
 
     cfg = dict(QUICK if quick else FULL)
@@ -447,7 +447,7 @@ def _kv_bytes_per_token(model) -> int:
 
 
 def _gguf_nbytes() -> int:
-    from .models import default_gguf_file
+    from .loading import default_gguf_file
 
     return default_gguf_file().stat().st_size
 

@@ -14,7 +14,7 @@ What is on the screen (two columns of charts, side by side from 1280 pixels wide
 
 It is built from labkit.widgets.LiveGeneration (controls, buttons, tokens,
 distribution, attention row, cache chart), laid out for a projector, plus
-what a lecture adds: a prompt box and the timing chart (viz.timing_chart:
+what a lecture adds: a prompt box and the timing chart (charts.timing_chart:
 the prefill bar is TTFT, the median decode bar is TPOT). Every chart is
 changed in place after each step (see labkit.widgets on how; under Voila
 each is re-rendered instead, see PageFigure), at a fixed size, so the page
@@ -37,7 +37,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from . import viz
+from . import charts
 from . import widgets as W
 from .widgets import FigureBox, LiveGeneration, View, _slider_style, _visible
 
@@ -221,8 +221,8 @@ class Dashboard(View):
     def _timing_figure(self) -> go.Figure:
         seconds = self.live.seconds
         if not seconds:
-            return viz.timing_chart([], prefill_steps=0, title="Time per step (press step or run)")
-        return viz.timing_chart(seconds, title="Time per step: prefill (TTFT) vs decode (TPOT)")
+            return charts.timing_chart([], prefill_steps=0, title="Time per step (press step or run)")
+        return charts.timing_chart(seconds, title="Time per step: prefill (TTFT) vs decode (TPOT)")
 
     def _redraw_timing(self) -> None:
         live = self.live
@@ -234,7 +234,7 @@ class Dashboard(View):
         if len(live.seconds) > 1:
             parts.append(f"TPOT <b>{self.tpot_s * 1e3:.0f} ms</b> ({1 / self.tpot_s:.1f} tokens/s)")
         if live.cache_bytes:
-            parts.append(f"KV cache {live.cache.length} positions = {viz.format_bytes(live.cache_bytes[-1])}")
+            parts.append(f"KV cache {live.cache.length} positions = {charts.format_bytes(live.cache_bytes[-1])}")
         if live.token_ids:
             parts.append(f"last token <b>{html.escape(_visible(live.tokens[-1]))}</b> "
                          f"(p = {live.probs[-1]:.2f})")

@@ -51,9 +51,9 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from . import perf, viz
-from .encode import encode
-from .generate import Generation, generate
+from . import charts, costs
+from .encoding import encode
+from .generation import Generation, generate
 
 
 # ----------------------------------------------------------------------------
@@ -301,7 +301,7 @@ class TTFTSweep:
     lengths: list[int]
     seconds: list[float]           # medians
     cache_nbytes: list[int]        # KV cache bytes after the prefill
-    flops: list[float]             # FLOPs of each prefill (labkit.perf)
+    flops: list[float]             # FLOPs of each prefill (labkit.costs)
     device: str
     repeats: int
 
@@ -326,7 +326,7 @@ def ttft_sweep(model, ids, lengths: Sequence[int], repeats: int = 3, warmup: int
                        setup=cache.reset)
         seconds.append(t.median)
         nbytes.append(cache.nbytes)
-        flops.append(perf.prefill_workload(model, n).flops)
+        flops.append(costs.prefill_workload(model, n).flops)
     return TTFTSweep(list(lengths), seconds, nbytes, flops, device_label(model), repeats)
 
 
@@ -399,9 +399,9 @@ def batch_sweep(model, batch_sizes: Sequence[int], prompt_len: int = 64, context
                        setup=lambda: cache.truncate(context))
         decode_s.append(t.median)
         del cache
-        work = perf.decode_workload(model, context, batch_size=b)
+        work = costs.decode_workload(model, context, batch_size=b)
         total_bytes.append(work.bytes)
-        kv_bytes.append(perf.kv_bytes_per_token(c, value_bytes) * (context + 1) * b)
+        kv_bytes.append(costs.kv_bytes_per_token(c, value_bytes) * (context + 1) * b)
     return BatchSweep(list(batch_sizes), prompt_len, context, prefill_s, decode_s, total_bytes, kv_bytes,
                       device_label(model), repeats)
 
@@ -445,8 +445,8 @@ def measure_matmul_flops(device: str | torch.device, dtype: torch.dtype = torch.
     return 2 * n**3 / t.min
 
 
-def roofline_point(workload: perf.Workload, seconds: float, name: str | None = None) -> dict:
-    """A measured workload as a point for viz.roofline_chart: its intensity
+def roofline_point(workload: costs.Workload, seconds: float, name: str | None = None) -> dict:
+    """A measured workload as a point for charts.roofline_chart: its intensity
     (FLOP/byte, from the formulas) and the FLOP/s it reached (FLOPs / measured seconds)."""
     return {"name": name or workload.name, "intensity": workload.intensity,
             "flops_per_s": workload.flops / seconds}
@@ -461,17 +461,17 @@ def ttft_chart(sweep: TTFTSweep, title: str = "Prefill time (TTFT) against promp
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
                         subplot_titles=("time to first token", "time per prompt token"))
     fig.add_trace(go.Scatter(x=sweep.lengths, y=[s * 1e3 for s in sweep.seconds], mode="lines+markers",
-                             name="TTFT", line=dict(color=viz.ORANGE),
+                             name="TTFT", line=dict(color=charts.ORANGE),
                              hovertemplate="%{x} tokens<br>TTFT %{y:.1f} ms<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Scatter(x=sweep.lengths, y=sweep.ms_per_token, mode="lines+markers",
-                             name="per prompt token", line=dict(color=viz.BLUE),
+                             name="per prompt token", line=dict(color=charts.BLUE),
                              hovertemplate="%{x} tokens<br>%{y:.2f} ms per token<extra></extra>"), row=1, col=2)
     fig.update_xaxes(title="prompt length (tokens)", rangemode="tozero")
     fig.update_yaxes(title="TTFT (ms)", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title="ms per prompt token", rangemode="tozero", row=1, col=2)
-    fig.update_layout(title=viz._title(title, f"measured on {sweep.device}, median of {sweep.repeats}"),
+    fig.update_layout(title=charts._title(title, f"measured on {sweep.device}, median of {sweep.repeats}"),
                       width=1000, height=460, showlegend=False)
-    return viz.fit_title(fig)
+    return charts.fit_title(fig)
 
 
 def batch_chart(sweep: BatchSweep, title: str = "Batch size: prefill vs decode") -> go.Figure:
@@ -484,12 +484,12 @@ def batch_chart(sweep: BatchSweep, title: str = "Batch size: prefill vs decode")
                                         "KV cache share of reads"))
     x = [str(b) for b in sweep.batch_sizes]   # categories: evenly spaced, labelled with the batch size
     fig.add_trace(go.Scatter(x=x, y=sweep.prefill_ms_per_token, mode="lines+markers", name="prefill",
-                             line=dict(color=viz.ORANGE),
+                             line=dict(color=charts.ORANGE),
                              hovertemplate="batch %{x}<br>%{y:.2f} ms per token<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Scatter(x=x, y=sweep.decode_tokens_per_s, mode="lines+markers", name="decode",
-                             line=dict(color=viz.BLUE),
+                             line=dict(color=charts.BLUE),
                              hovertemplate="batch %{x}<br>%{y:.1f} tokens/s<extra></extra>"), row=1, col=2)
-    fig.add_trace(go.Bar(x=x, y=[100 * f for f in sweep.kv_fraction], name="KV share", marker_color=viz.GREEN,
+    fig.add_trace(go.Bar(x=x, y=[100 * f for f in sweep.kv_fraction], name="KV share", marker_color=charts.GREEN,
                          text=[f"{100 * f:.0f}%" for f in sweep.kv_fraction], textposition="outside",
                          cliponaxis=False,
                          hovertemplate="batch %{x}<br>KV cache %{y:.0f}% of the bytes<extra></extra>"),
@@ -498,6 +498,6 @@ def batch_chart(sweep: BatchSweep, title: str = "Batch size: prefill vs decode")
     fig.update_yaxes(title="prefill time per token (ms)", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title="decode throughput (tokens/s)", rangemode="tozero", row=1, col=2)
     fig.update_yaxes(title="KV cache / all bytes read (%)", range=[0, 110], row=1, col=3)
-    fig.update_layout(title=viz._title(title, f"measured on {sweep.device}, median of {sweep.repeats}"),
+    fig.update_layout(title=charts._title(title, f"measured on {sweep.device}, median of {sweep.repeats}"),
                       width=1050, height=460, showlegend=False)
-    return viz.fit_title(fig)
+    return charts.fit_title(fig)

@@ -25,8 +25,8 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from . import viz
-from .generate import generate
+from . import charts
+from .generation import generate
 from .measure import device_label, sync
 from .quantize import Quality, kl_divergence
 
@@ -114,7 +114,7 @@ def precision_chart(results: list[PrecisionResult],
               ("time per output token (ms)", [r.tpot_s * 1e3 for r in results], "{:.1f}"),
               ("KL from the reference (nats)", [r.kl_mean for r in results], "{:.2g}")]
     fig = make_subplots(rows=1, cols=3, subplot_titles=[p[0] for p in panels], horizontal_spacing=0.09)
-    colours = [viz.PALETTE[i % len(viz.PALETTE)] for i in range(len(results))]
+    colours = [charts.PALETTE[i % len(charts.PALETTE)] for i in range(len(results))]
     for col, (label, values, fmt) in enumerate(panels, start=1):
         fig.add_trace(go.Bar(x=names, y=values, marker_color=colours, showlegend=False,
                              text=[fmt.format(v) for v in values], textposition="outside", cliponaxis=False,
@@ -123,5 +123,5 @@ def precision_chart(results: list[PrecisionResult],
     agree = ", ".join(f"{r.name}: top-1 agreement {r.quality.top1_agreement:.0%}"
                       for r in results if r.quality)
     sub = f"measured on {results[0].device}" + (f"; {agree}" if agree else "")
-    fig.update_layout(title=viz._title(title, sub), width=1050, height=460)
-    return viz.fit_title(fig)
+    fig.update_layout(title=charts._title(title, sub), width=1050, height=460)
+    return charts.fit_title(fig)

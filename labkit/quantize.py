@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .transformer import Model
+from .model import Model
 
 SCHEMES = ("int8", "int4")
 
@@ -285,8 +285,8 @@ def kl_divergence(ref_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tenso
 def compare(reference: Model, quantized: Model, prompts: list[str] | None = None,
             max_new_tokens: int = 16) -> Quality:
     """How far the quantized model's predictions are from the reference's."""
-    from .encode import encode
-    from .generate import generate
+    from .encoding import encode
+    from .generation import generate
 
     prompts = prompts or PROMPTS
     kls, top1, identical, prefix = [], [], [], []

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .generate import _prompt_ids, eos_ids, prefill
+from .generation import _prompt_ids, eos_ids, prefill
 
 
 @dataclass
@@ -193,10 +193,10 @@ def rounds_chart(gen: SpeculativeGeneration, tokenizer=None,
     With a tokenizer, hovering shows the tokens."""
     import plotly.graph_objects as go
 
-    from . import viz
+    from . import charts
 
     def words(ids):
-        return "".join(viz.token_label(t) for t in tokenizer.convert_ids_to_tokens(ids)) if tokenizer and ids else ""
+        return "".join(charts.token_label(t) for t in tokenizer.convert_ids_to_tokens(ids)) if tokenizer and ids else ""
 
     x = list(range(len(gen.rounds)))
     accepted = [r.accepted for r in gen.rounds]
@@ -204,11 +204,11 @@ def rounds_chart(gen: SpeculativeGeneration, tokenizer=None,
     rejected = [-len(r.rejected) for r in gen.rounds]
     kept_text = [words(r.token_ids) for r in gen.rounds]
     fig = go.Figure([
-        go.Bar(x=x, y=accepted, name="draft accepted", marker_color=viz.GREEN, customdata=kept_text,
+        go.Bar(x=x, y=accepted, name="draft accepted", marker_color=charts.GREEN, customdata=kept_text,
                hovertemplate="pass %{x}: %{y} draft tokens accepted<br>%{customdata}<extra></extra>"),
-        go.Bar(x=x, y=own, name="the model's own token", marker_color=viz.BLUE, customdata=kept_text,
+        go.Bar(x=x, y=own, name="the model's own token", marker_color=charts.BLUE, customdata=kept_text,
                hovertemplate="pass %{x}: + the model's token<br>%{customdata}<extra></extra>"),
-        go.Bar(x=x, y=rejected, name="draft rejected (rolled back)", marker_color=viz.GREY,
+        go.Bar(x=x, y=rejected, name="draft rejected (rolled back)", marker_color=charts.GREY,
                customdata=[words(r.rejected) for r in gen.rounds],
                hovertemplate="pass %{x}: %{y} rejected<br>%{customdata}<extra></extra>"),
     ])
@@ -216,6 +216,6 @@ def rounds_chart(gen: SpeculativeGeneration, tokenizer=None,
     fig.update_yaxes(title="tokens (rejected below 0)")
     sub = (f"{len(gen.token_ids)} tokens in {gen.forward_passes} passes "
            f"({gen.tokens_per_pass:.2f} per pass); accepted {gen.accepted} of {gen.drafted} drafted")
-    fig.update_layout(title=viz._title(title, sub), barmode="relative", width=900, height=440,
+    fig.update_layout(title=charts._title(title, sub), barmode="relative", width=900, height=440,
                       legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"))
-    return viz.fit_title(fig)
+    return charts.fit_title(fig)

@@ -60,9 +60,9 @@ import plotly.graph_objects as go
 import plotly.io as pio
 import torch
 
-from . import viz
-from .encode import encode, model_rope_angles, rope_angles, sinusoidal_positions, token_strings
-from .generate import decode_one_token, eos_ids, generate, prefill
+from . import charts
+from .encoding import encode, model_rope_angles, rope_angles, sinusoidal_positions, token_strings
+from .generation import decode_one_token, eos_ids, generate, prefill
 from .sampling import METHODS, check_sampling, distribution, sample
 
 
@@ -254,7 +254,7 @@ class View:
 
     def save_html(self, path: str | Path) -> Path:
         """The current charts as one standalone offline HTML page."""
-        return viz.save_html(self.figures(), path, title=f"LLM Inference Lab: {type(self).__name__}")
+        return charts.save_html(self.figures(), path, title=f"LLM Inference Lab: {type(self).__name__}")
 
     def flush(self) -> None:
         """Do now what is still waiting for the event loop: a debounced redraw,
@@ -416,7 +416,7 @@ class LayerHeadControls:
 
 def _visible(text: str) -> str:
     """Text for HTML, whitespace visible as in the charts."""
-    return viz.token_label(text)
+    return charts.token_label(text)
 
 
 # ----------------------------------------------------------------------------
@@ -440,12 +440,12 @@ class TokenizerView(View):
         self.info = widgets.HTML()
         # A strip of ~3 rows of tokens sets the smallest height, so a short text
         # does not make the chart shrink and the page jump while typing.
-        self._strip_ref = viz.token_strip(["token"] * 30, [10000] * 30, show_ids=True)
+        self._strip_ref = charts.token_strip(["token"] * 30, [10000] * 30, show_ids=True)
         strip, table = self._figures()
         self.boxes["tokens"] = FigureBox(strip)
         # The table keeps the height of a TABLE_ROWS-token one, so the page does not
         # jump while typing; longer ones scroll inside it (its subtitle says so).
-        self.boxes["table"] = FigureBox(table, height=viz.token_table(
+        self.boxes["table"] = FigureBox(table, height=charts.token_table(
             ["x"] * self.TABLE_ROWS, [0] * self.TABLE_ROWS, max_rows=self.TABLE_ROWS).layout.height)
         for w in (self.text, self.chat):
             w.observe(lambda _: self._redraw_later(self._redraw), names="value")
@@ -462,8 +462,8 @@ class TokenizerView(View):
     def _figures(self) -> tuple[go.Figure, go.Figure]:
         ids, tokens = self.encoding()
         self.info.value = f"{len(self.text.value)} characters → <b>{len(ids)} tokens</b>"
-        strip = _fixed_rows(viz.token_strip(tokens, ids, show_ids=True), self._strip_ref)
-        return strip, viz.token_table(tokens, ids, max_rows=self.TABLE_ROWS)
+        strip = _fixed_rows(charts.token_strip(tokens, ids, show_ids=True), self._strip_ref)
+        return strip, charts.token_table(tokens, ids, max_rows=self.TABLE_ROWS)
 
     def _redraw(self) -> None:
         strip, table = self._figures()
@@ -507,13 +507,13 @@ class PositionExplorer(View):
     def _figures(self) -> tuple[go.Figure, go.Figure]:
         p, i = self.position.value, self.pair.value
         d, n_pairs = self.pe.shape[1], self.angles.shape[1]
-        sin_fig = viz.sinusoidal_heatmap(self.pe)
+        sin_fig = charts.sinusoidal_heatmap(self.pe)
         # A box around the two numbers the sliders pick: row p, columns 2i and 2i+1.
         sin_fig.add_shape(type="rect", x0=2 * i - 0.5, x1=2 * i + 1.5, y0=p - 0.5, y1=p + 0.5,
                           line=dict(color="black", width=3))
         k = min(i, n_pairs - 1)
         pairs = sorted({0, k, n_pairs - 1})
-        rope_fig = viz.rope_angles_chart(self.angles, wrap=True, pairs=pairs, title=f"{self.source}: rotation angle")
+        rope_fig = charts.rope_angles_chart(self.angles, wrap=True, pairs=pairs, title=f"{self.source}: rotation angle")
         angle = float(self.angles[p, k])
         rope_fig.add_vline(x=p, line=dict(color="black", dash="dot"))
         rope_fig.add_trace(go.Scatter(x=[p], y=[angle % (2 * math.pi)], mode="markers", name=f"pair {k} at {p}",
@@ -572,11 +572,11 @@ class AttentionExplorer(View):
         kv = head // c.group_size
         self.info.value = (f"layer {layer}, head {head}: reads KV head {kv}, shared by query heads "
                            f"{kv * c.group_size}–{(kv + 1) * c.group_size - 1}")
-        return viz.attention_heatmap(self.pattern(), self.tokens, self.tokens, layer=layer, head=head)
+        return charts.attention_heatmap(self.pattern(), self.tokens, self.tokens, layer=layer, head=head)
 
     def _grid_figure(self) -> go.Figure:
         layer = self.selectors.layer.value
-        return viz.attention_grid(self.trace.attentions[layer], self.tokens, layer=layer)
+        return charts.attention_grid(self.trace.attentions[layer], self.tokens, layer=layer)
 
     def _redraw(self) -> None:
         self.boxes["head"].update(self._head_figure())
@@ -659,7 +659,7 @@ class SamplingExplorer(View):
         self.summary.value = summary
         top = self.top_ids.tolist()
         chosen = top.index(self.chosen) if self.chosen in top else None
-        return viz.distribution_chart(self.labels, self.top_before, after[self.top_ids], chosen=chosen,
+        return charts.distribution_chart(self.labels, self.top_before, after[self.top_ids], chosen=chosen,
                                       top_p=params.get("top_p"), probs_scaled=scaled,
                                       title=f"Next-token distribution: {METHOD_LABELS[params['method']]}")
 
@@ -709,10 +709,10 @@ class LiveGeneration(View):
 
         # Sizes of the fullest charts this view will show, so nothing jumps as they fill.
         n_keys = len(self.prompt_ids) + max_new_tokens
-        self._strip_ref = viz.token_strip(["token"] * max_new_tokens, [0] * max_new_tokens,
+        self._strip_ref = charts.token_strip(["token"] * max_new_tokens, [0] * max_new_tokens,
                                           probs=[0.5] * max_new_tokens)
-        row_ref = viz.attention_row([0.0] * n_keys, ["token"] * n_keys)
-        dist_ref = viz.distribution_chart(["token"] * top_n, [0.0] * top_n, [0.0] * top_n)
+        row_ref = charts.attention_row([0.0] * n_keys, ["token"] * n_keys)
+        dist_ref = charts.distribution_chart(["token"] * top_n, [0.0] * top_n, [0.0] * top_n)
         self.boxes["tokens"] = FigureBox(self._tokens_figure())
         self.boxes["distribution"] = FigureBox(self._distribution_figure(), width=dist_ref.layout.width)
         self.boxes["attention"] = FigureBox(self._attention_figure(), width=row_ref.layout.width)
@@ -858,28 +858,28 @@ class LiveGeneration(View):
     # -- drawing --------------------------------------------------------------
 
     def _tokens_figure(self) -> go.Figure:
-        fig = viz.token_strip(self.tokens, self.token_ids, probs=self.probs,
+        fig = charts.token_strip(self.tokens, self.token_ids, probs=self.probs,
                               title="Generated tokens (colour: the model's probability)")
         return _fixed_rows(fig, self._strip_ref)
 
     def _distribution_figure(self) -> go.Figure:
         step = len(self.token_ids) - 1
         if self._dist is None:
-            return viz.distribution_chart([], [], [], title="Next-token distribution (press step)")
+            return charts.distribution_chart([], [], [], title="Next-token distribution (press step)")
         labels, before, after, chosen, top_p = self._dist
-        return viz.distribution_chart(labels, before, after, chosen=chosen, top_p=top_p,
+        return charts.distribution_chart(labels, before, after, chosen=chosen, top_p=top_p,
                                       title=f"Step {step}: the distribution token {step} was drawn from")
 
     def _attention_figure(self) -> go.Figure:
         layer, head = self.selectors.layer.value, self.selectors.head.value
         if self._row is None:
-            return viz.attention_row([], [], layer, head, title="Where the newest token looks (press step)")
+            return charts.attention_row([], [], layer, head, title="Where the newest token looks (press step)")
         row = self._row[layer, head]
         keys = (self.prompt_tokens + self.tokens)[:len(row)]
-        return viz.attention_row(row, keys, layer, head)
+        return charts.attention_row(row, keys, layer, head)
 
     def _cache_figure(self) -> go.Figure:
-        return viz.kv_cache_chart(list(range(len(self.cache_bytes))), self.cache_bytes,
+        return charts.kv_cache_chart(list(range(len(self.cache_bytes))), self.cache_bytes,
                                   allocated_bytes=self.cache.allocated_nbytes)
 
     def _status(self) -> None:
@@ -890,8 +890,8 @@ class LiveGeneration(View):
             phase = "prefill (TTFT)" if k == 0 else "decode"
             parts.append(f"step {k} ({phase}): <b>{html.escape(_visible(self.tokens[-1]))}</b>, probability "
                          f"{self.probs[-1]:.3f}, {self.seconds[-1] * 1e3:.0f} ms; KV cache {self.cache.length} "
-                         f"positions, {viz.format_bytes(self.cache_bytes[-1])} "
-                         f"(+{viz.format_bytes(self.cache.bytes_per_token)} per token)")
+                         f"positions, {charts.format_bytes(self.cache_bytes[-1])} "
+                         f"(+{charts.format_bytes(self.cache.bytes_per_token)} per token)")
         if self.finished:
             parts.append(f"finished: {html.escape(self.finish_reason)}")
         self.status.value = "<br>".join(parts)
@@ -958,8 +958,8 @@ class PromptLengthExplorer(View):
         nxt = token_strings(self.model.tokenizer, [int(logits.argmax())])[0]
         tail = "".join(self.tokens[max(0, n - 12):n])
         self.info.value = (f"first <b>{n}</b> tokens (…<code>{html.escape(tail)}</code>) → "
-                           f"TTFT <b>{self.ttft[n] * 1e3:.0f} ms</b>; KV cache {viz.format_bytes(self.cache.nbytes)} "
-                           f"= {n} × {viz.format_bytes(self.cache.bytes_per_token)}; most likely next token "
+                           f"TTFT <b>{self.ttft[n] * 1e3:.0f} ms</b>; KV cache {charts.format_bytes(self.cache.nbytes)} "
+                           f"= {n} × {charts.format_bytes(self.cache.bytes_per_token)}; most likely next token "
                            f"<b>{html.escape(_visible(nxt))}</b>")
         self.boxes["ttft"].update(self._ttft_figure())
         self.boxes["cache"].update(self._cache_figure())
@@ -981,11 +981,11 @@ class PromptLengthExplorer(View):
         ms = [self.ttft[n] * 1e3 for n in lengths]
         current = self.length
         fig = go.Figure(go.Scatter(x=lengths, y=ms, mode="lines+markers", name="measured",
-                                   line=dict(color=viz.BLUE),
+                                   line=dict(color=charts.BLUE),
                                    hovertemplate="%{x} tokens<br>TTFT %{y:.1f} ms<extra></extra>"))
         if current in self.ttft:
             fig.add_trace(go.Scatter(x=[current], y=[self.ttft[current] * 1e3], mode="markers", name="now",
-                                     marker=dict(color=viz.ORANGE, size=16)))
+                                     marker=dict(color=charts.ORANGE, size=16)))
         fig.update_xaxes(title="prompt length (tokens)", range=[0, len(self.ids) * 1.05])
         fig.update_yaxes(title="time to first token (ms)", rangemode="tozero")
         sub = f"{len(lengths)} lengths measured on {self.model.device}" if lengths else "move the slider"
@@ -995,7 +995,7 @@ class PromptLengthExplorer(View):
 
     def _cache_figure(self) -> go.Figure:
         c = self.model.config
-        return viz.cache_size_comparison(c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
+        return charts.cache_size_comparison(c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
                                          self.length,
                                          bytes_per_value=torch.finfo(self.model.dtype).bits // 8,
                                          title=f"KV cache after prefill: {self.model.name} uses {c.n_kv_heads} "

@@ -47,7 +47,7 @@ if "google.colab" in sys.modules:
 import torch
 
 import labkit
-from labkit import perf, viz, widgets
+from labkit import costs, charts, widgets
 
 model = labkit.load_model()  # no name: the bundled SmolLM2-135M-Instruct, no internet needed
 print(f"loaded in {model.load_seconds:.1f} s")
@@ -107,7 +107,7 @@ print("ids:   ", enc.ids.tolist())
 print("tokens:", enc.tokens)
 assert enc.ids.tolist() == [504, 3575, 282, 4649, 314]
 assert enc.tokens == ["The", " capital", " of", " France", " is"]
-viz.token_strip(enc.tokens, enc.ids, show_ids=True, title=f"Stage 1: {PROMPT!r} as tokens")
+charts.token_strip(enc.tokens, enc.ids, show_ids=True, title=f"Stage 1: {PROMPT!r} as tokens")
 
 # %% [markdown]
 # Each id then selects one row of the **embedding matrix** (嵌入查找, embedding
@@ -180,7 +180,7 @@ token, after = labkit.sample(logits[-1], method="greedy")
 piece = labkit.token_strings(model.tokenizer, [token])[0]
 print(f"greedy: id {token} = {piece!r}, probability {probs[token]:.3f}")
 assert (token, piece) == (7042, " Paris")
-viz.distribution_chart(labels, top.values, after[top.indices], chosen=0,
+charts.distribution_chart(labels, top.values, after[top.indices], chosen=0,
                        title="Stage 3: the next-token distribution (greedy picks the tallest bar)")
 
 # %%
@@ -229,7 +229,7 @@ print("...")
 print(f"TTFT {timed.ttft_s * 1e3:.0f} ms for a {len(enc)}-token prompt; "
       f"TPOT {timed.tpot_s * 1e3:.0f} ms (median of {len(timed.steps) - 1} decode steps) "
       f"= {timed.tokens_per_s:.1f} tokens/s on {model.device}")
-viz.timing_chart([s.seconds for s in timed.steps])
+charts.timing_chart([s.seconds for s in timed.steps])
 
 # %% [markdown]
 # Timings depend on the machine and on whatever else it is doing, so they are
@@ -246,7 +246,7 @@ viz.timing_chart([s.seconds for s in timed.steps])
 #   longer and watches TTFT grow).
 
 # %%
-pre, dec = perf.prefill_workload(model, len(enc)), perf.decode_workload(model, len(enc))
+pre, dec = costs.prefill_workload(model, len(enc)), costs.decode_workload(model, len(enc))
 print(f"weights read per step: {model.weight_nbytes / 1e6:.0f} MB")
 print(f"arithmetic intensity: prefill of {len(enc)} tokens {pre.intensity:.2f} FLOP/byte, "
       f"one decode step {dec.intensity:.2f} FLOP/byte")
@@ -301,7 +301,7 @@ assert list(before.data[0].customdata or []) != live.token_ids       # ... which
 # | 08 | [Optimisations](08_optimisations.ipynb): what serving systems do, and what each buys | the two phases |
 # | 09 | [Lecture dashboard](09_dashboard.ipynb): the interactive views in one place | all |
 #
-# Every chart comes from `labkit.viz`, every control from `labkit.widgets` and
+# Every chart comes from `labkit.charts`, every control from `labkit.widgets` and
 # every number from the model: you can read the code behind each cell in the
 # `labkit` package.
 #

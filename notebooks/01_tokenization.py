@@ -45,7 +45,7 @@ if "google.colab" in sys.modules:
 import re
 
 import labkit
-from labkit import viz, widgets
+from labkit import charts, widgets
 
 model = labkit.load_model()  # the bundled SmolLM2-135M-Instruct, offline
 tokenizer = model.tokenizer  # the 🤗 transformers tokenizer that came with it
@@ -177,7 +177,7 @@ sky = labkit.encode(model, QUESTION)
 for token_id, text in sky.table():
     print(f"{token_id:6}  {text!r}")
 assert sky.table() == [(1780, "What"), (2380, " color"), (314, " is"), (260, " the"), (6376, " sky"), (47, "?")]
-viz.token_table(sky.tokens, sky.ids)
+charts.token_table(sky.tokens, sky.ids)
 
 # %% [markdown]
 # A space belongs to the token that follows it (the chart shows it as `␣`). The
@@ -196,7 +196,7 @@ for word in ["sky", " sky", "Sky", " Sky", " SKY"]:
 # %%
 words = " tokenization unbelievably antidisestablishmentarianism SmolLM"
 pieces = labkit.encode(model, words)
-viz.token_strip(pieces.tokens, pieces.ids, show_ids=True, title="Rare words become several pieces")
+charts.token_strip(pieces.tokens, pieces.ids, show_ids=True, title="Rare words become several pieces")
 
 # %% [markdown]
 # Tokenization is lossless: decoding the ids gives back exactly the text.
@@ -232,7 +232,7 @@ print(f"<|im_start|> = id {im_start} ({len('<|im_start|>')} characters, one toke
 print(f"the templated question starts with id {templated.ids[0].item()} and contains "
       f"{(templated.ids == im_end).sum().item()} x <|im_end|>")
 assert templated.ids[0].item() == im_start and templated.tokens[0] == "<|im_start|>"
-viz.token_strip(templated.tokens, templated.ids, show_ids=True, title="The templated question, special tokens included")
+charts.token_strip(templated.tokens, templated.ids, show_ids=True, title="The templated question, special tokens included")
 
 # %% [markdown]
 # ## 6. English and Chinese: how many tokens? (中英文的 token 数)
@@ -258,7 +258,7 @@ zh = labkit.encode(model, "法国的首都是")
 print(zh.tokens)
 assert len(zh) == 10
 assert zh.tokens[:3] == ["法", "<0xE5><0x9B>", "<0xBD>"]
-viz.token_table(zh.tokens, zh.ids)
+charts.token_table(zh.tokens, zh.ids)
 
 # %% [markdown]
 # Why ten pieces for six characters? This is a **byte-level** BPE vocabulary: it

@@ -48,8 +48,8 @@ import torch.nn.functional as F
 from transformers import GPT2Config
 
 import labkit
-from labkit import viz, widgets
-from labkit.transformer import apply_rope
+from labkit import charts, widgets
+from labkit.model import apply_rope
 
 model = labkit.load_model()  # the bundled SmolLM2-135M-Instruct, offline
 model
@@ -93,7 +93,7 @@ print(f"one_hot {tuple(one_hot.shape)} @ E {tuple(E.shape)} = x {tuple(x.shape)}
 # whole vectors relate to each other.
 
 # %%
-viz.embedding_heatmap(x, enc.tokens, title=f"Embeddings of {PROMPT!r}")
+charts.embedding_heatmap(x, enc.tokens, title=f"Embeddings of {PROMPT!r}")
 
 # %% [markdown]
 # In this model the same matrix is used again at the very end: the LM head scores
@@ -118,7 +118,7 @@ words = [" king", " queen", " man", " woman", " Paris", " France", " London", " 
 assert all(len(model.tokenizer(w)["input_ids"]) == 1 for w in words)  # each word is one token
 word_ids = [model.tokenizer(w)["input_ids"][0] for w in words]
 vectors = E[word_ids]
-viz.cosine_similarity_heatmap(vectors, words, title="Cosine similarity of token embeddings (SmolLM2)")
+charts.cosine_similarity_heatmap(vectors, words, title="Cosine similarity of token embeddings (SmolLM2)")
 
 # %%
 unit = F.normalize(E, dim=-1)  # every row scaled to length 1: dot products are now cosines
@@ -213,7 +213,7 @@ omega = 10000.0 ** (-torch.arange(0, D_PE, 2) / D_PE)
 print(f"table: {tuple(pe.shape)}; wavelength of pair 0: {2 * math.pi / omega[0]:.2f} positions, "
       f"of pair {D_PE // 2 - 1}: {2 * math.pi / omega[-1]:,.0f} positions")
 assert torch.allclose(pe[:, 0::2], torch.sin(torch.arange(N_POS)[:, None] * omega))
-viz.sinusoidal_heatmap(pe)
+charts.sinusoidal_heatmap(pe)
 
 # %% [markdown]
 # Two properties make this encoding useful, and both can be checked:
@@ -282,8 +282,8 @@ except ValueError as err:
 # ```python
 # gpt2 = labkit.load_model("gpt2")
 # wpe = labkit.learned_positions(gpt2, 64)           # (64 positions, n_embd)
-# viz.embedding_heatmap(wpe, [str(p) for p in range(64)], title="GPT-2: learned position vectors")
-# viz.cosine_similarity_heatmap(wpe, [str(p) for p in range(64)], title="GPT-2: similarity of positions")
+# charts.embedding_heatmap(wpe, [str(p) for p in range(64)], title="GPT-2: learned position vectors")
+# charts.cosine_similarity_heatmap(wpe, [str(p) for p in range(64)], title="GPT-2: similarity of positions")
 # ```
 
 # %%
@@ -293,8 +293,8 @@ if LOAD_GPT2:
     gpt2 = labkit.load_model("gpt2")
     wpe = labkit.learned_positions(gpt2, 64)
     print(f"wpe rows 0-63: {tuple(wpe.shape)}")
-    viz.embedding_heatmap(wpe, [str(p) for p in range(64)], title="GPT-2: learned position vectors").show()
-    viz.cosine_similarity_heatmap(wpe, [str(p) for p in range(64)], title="GPT-2: similarity of positions").show()
+    charts.embedding_heatmap(wpe, [str(p) for p in range(64)], title="GPT-2: learned position vectors").show()
+    charts.cosine_similarity_heatmap(wpe, [str(p) for p in range(64)], title="GPT-2: similarity of positions").show()
 
 # %% [markdown]
 # ## 6. Rotary position embedding (旋转位置编码, RoPE)
@@ -320,7 +320,7 @@ print(f"head size {head_dim} -> {head_dim // 2} rotating pairs per head; base th
 print(f"pair 0 turns {angles[1, 0]:.3f} rad per position (a full turn every {2 * math.pi / angles[1, 0]:.1f} "
       f"positions); pair {head_dim // 2 - 1} turns {angles[1, -1]:.2e} rad (a full turn every "
       f"{2 * math.pi / angles[1, -1]:,.0f} positions)")
-viz.rope_angles_chart(angles)
+charts.rope_angles_chart(angles)
 
 # %% [markdown]
 # The angle grows in a straight line with position; what the pair actually points
@@ -329,7 +329,7 @@ viz.rope_angles_chart(angles)
 # position):
 
 # %%
-viz.rope_angles_chart(angles, wrap=True)
+charts.rope_angles_chart(angles, wrap=True)
 
 # %% [markdown]
 # To see the rotation itself, take any query vector and place it at positions
@@ -373,7 +373,7 @@ assert torch.allclose(q_at[7] @ k_at[4], q_at[60] @ k_at[57], atol=1e-4)
 # constant along every diagonal.
 
 # %%
-viz.cosine_similarity_heatmap(q_at[:16], [f"p{p}" for p in range(16)],
+charts.cosine_similarity_heatmap(q_at[:16], [f"p{p}" for p in range(16)],
                               title="One query vector at positions 0-15, rotated by RoPE: cosine similarity")
 
 # %% [markdown]

@@ -51,8 +51,8 @@ import torch
 import torch.nn.functional as F
 
 import labkit
-from labkit import perf, viz, widgets
-from labkit.transformer import apply_rope, causal_mask, rms_norm
+from labkit import costs, charts, widgets
+from labkit.model import apply_rope, causal_mask, rms_norm
 
 torch.set_grad_enabled(False)  # we only run the model, never train it: no gradients needed
 torch.set_printoptions(precision=2, sci_mode=False, linewidth=120)
@@ -244,7 +244,7 @@ print("length of each value vector:", ", ".join(f"{t!r} {n:.1f}" for t, n in zip
 # looks (hover over a cell for the exact weight).
 
 # %%
-viz.attention_heatmap(probs, tokens, tokens, layer=LAYER, head=HEAD,
+charts.attention_heatmap(probs, tokens, tokens, layer=LAYER, head=HEAD,
                       title="Attention pattern computed by hand")
 
 # %% [markdown]
@@ -295,7 +295,7 @@ assert torch.allclose(out_all, torch_out, atol=1e-5)
 # differ, because their queries differ.
 
 # %%
-viz.attention_grid(trace.attentions[LAYER], tokens, layer=LAYER)
+charts.attention_grid(trace.attentions[LAYER], tokens, layer=LAYER)
 
 # %% [markdown]
 # ## Grouped-query attention (分组查询注意力, GQA)
@@ -310,7 +310,7 @@ print(f"head_num    (query heads)     = {c.n_heads}")
 print(f"kv_head_num (key/value heads) = {c.n_kv_heads}")
 print(f"size_per_head                 = {c.head_dim}")
 print(f"group size = head_num / kv_head_num = {c.group_size} query heads per KV head")
-viz.gqa_diagram(c.n_heads, c.n_kv_heads, c.head_dim,
+charts.gqa_diagram(c.n_heads, c.n_kv_heads, c.head_dim,
                 title=f"{model.name}: {c.n_heads} query heads share {c.n_kv_heads} KV heads")
 
 # %% [markdown]
@@ -320,7 +320,7 @@ viz.gqa_diagram(c.n_heads, c.n_kv_heads, c.head_dim,
 
 # %%
 COURSE = dict(n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128, bytes_per_value=2)
-viz.gqa_diagram(COURSE["n_heads"], COURSE["n_kv_heads"], COURSE["head_dim"])
+charts.gqa_diagram(COURSE["n_heads"], COURSE["n_kv_heads"], COURSE["head_dim"])
 
 # %% [markdown]
 # **What GQA saves.** The queries are used once and thrown away, but the keys and
@@ -338,8 +338,8 @@ bytes_per_value = torch.finfo(model.dtype).bits // 8
 for name, n_layers, n_heads, n_kv, hs, nbytes in [
         (model.name, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, bytes_per_value),
         ("course example", *COURSE.values())]:
-    gqa = viz.kv_cache_bytes(n_layers, n_kv, hs, seq_len=1, bytes_per_value=nbytes)
-    mha = viz.kv_cache_bytes(n_layers, n_heads, hs, seq_len=1, bytes_per_value=nbytes)
+    gqa = charts.kv_cache_bytes(n_layers, n_kv, hs, seq_len=1, bytes_per_value=nbytes)
+    mha = charts.kv_cache_bytes(n_layers, n_heads, hs, seq_len=1, bytes_per_value=nbytes)
     print(f"{name}: KV cache per token {gqa / 1e3:,.1f} kB with {n_kv} KV heads, "
           f"{mha / 1e3:,.1f} kB if every head had its own (MHA): {mha / gqa:.0f}x smaller")
 
@@ -347,14 +347,14 @@ d = c.d_model
 kv_params, kv_params_mha = 2 * d * c.n_kv_heads * c.head_dim, 2 * d * c.n_heads * c.head_dim
 print(f"{model.name}: W_k and W_v hold {kv_params:,} weights per layer instead of {kv_params_mha:,} "
       f"({c.n_layers * (kv_params_mha - kv_params) / 1e6:.1f} M fewer over {c.n_layers} layers)")
-assert perf.kv_bytes_per_token(c, bytes_per_value) == viz.kv_cache_bytes(c.n_layers, c.n_kv_heads, c.head_dim, 1,
+assert costs.kv_bytes_per_token(c, bytes_per_value) == charts.kv_cache_bytes(c.n_layers, c.n_kv_heads, c.head_dim, 1,
                                                                          bytes_per_value)
 
 # %% [markdown]
 # For the course example, the cache of one 4096-token conversation:
 
 # %%
-viz.cache_size_comparison(COURSE["n_layers"], COURSE["n_heads"], COURSE["n_kv_heads"], COURSE["head_dim"],
+charts.cache_size_comparison(COURSE["n_layers"], COURSE["n_heads"], COURSE["n_kv_heads"], COURSE["head_dim"],
                           seq_len=4096, bytes_per_value=COURSE["bytes_per_value"],
                           title="Course example (32 layers, 32 heads x 128, fp16): KV cache of 4096 tokens")
 
@@ -362,7 +362,7 @@ viz.cache_size_comparison(COURSE["n_layers"], COURSE["n_heads"], COURSE["n_kv_he
 # And for the model we run, filled to its full context length:
 
 # %%
-viz.cache_size_comparison(c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, seq_len=c.max_len,
+charts.cache_size_comparison(c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, seq_len=c.max_len,
                           bytes_per_value=bytes_per_value,
                           title=f"{model.name}: KV cache of {c.max_len} tokens ({model.dtype})")
 
@@ -444,7 +444,7 @@ print(f"now showing layer {explorer.selectors.layer.value}, head {explorer.selec
 #    token's attention row does not change at all, and why?
 # 4. A model has 64 query heads of size 128, 8 KV heads and 80 layers (Llama-2-70B).
 #    Compute the KV cache size of one 4096-token sequence in fp16 with GQA and with
-#    MHA, then check your answer with `viz.cache_size_comparison`.
+#    MHA, then check your answer with `charts.cache_size_comparison`.
 # 5. In the explorer, find a head in which " is" (the last token) looks at
 #    " Germany". Does the same layer have a head that looks at the previous token?
 #

@@ -48,8 +48,8 @@ import torch
 import torch.nn.functional as F
 
 import labkit
-from labkit import perf, viz
-from labkit.transformer import apply_rope, rms_norm
+from labkit import costs, charts
+from labkit.model import apply_rope, rms_norm
 
 torch.set_grad_enabled(False)  # we only run the model, never train it: no gradients needed
 
@@ -214,7 +214,7 @@ assert torch.isclose(ratio, torch.exp(z[paris] - z[rival]), rtol=1e-3)
 
 # %%
 top20 = probs.topk(20)
-viz.distribution_chart(labkit.token_strings(model.tokenizer, top20.indices), top20.values, top20.values,
+charts.distribution_chart(labkit.token_strings(model.tokenizer, top20.indices), top20.values, top20.values,
                        chosen=0, title=f"{PROMPT!r} → next token: ' Paris' and its rivals")
 
 # %% [markdown]
@@ -245,7 +245,7 @@ top_ids, top_probs = labkit.logit_lens(model, trace, k=1)            # each (lay
 guesses = [labkit.token_strings(model.tokenizer, row) for row in top_ids[..., 0]]
 layer_labels = ["embed"] + [f"block {i}" for i in range(c.n_layers)]
 assert top_ids[-1, :, 0].tolist() == logits.argmax(-1).tolist()      # the top row is the real output
-viz.logit_lens_chart(guesses, top_probs[..., 0], tokens, layer_labels=layer_labels)
+charts.logit_lens_chart(guesses, top_probs[..., 0], tokens, layer_labels=layer_labels)
 
 # %% [markdown]
 # Two things stand out. At the bottom, the embeddings mostly "predict" their own
@@ -297,7 +297,7 @@ for name, f in [("Q/K/V/O projections", c.n_layers * proj), ("feed-forward netwo
                 ("attention scores + sums", c.n_layers * attention), ("LM head", head)]:
     print(f"{name:>24}: {f / 1e6:9.1f} MFLOP  ({f / total:6.1%})")
 print(f"{'total':>24}: {total / 1e6:9.1f} MFLOP for {T} tokens")
-assert total == perf.forward_flops(c, T)
+assert total == costs.forward_flops(c, T)
 print(f"rule of thumb, 2 x parameters x tokens: {2 * model.n_params * T / 1e6:.1f} MFLOP")
 
 # %% [markdown]
@@ -310,7 +310,7 @@ print(f"rule of thumb, 2 x parameters x tokens: {2 * model.n_params * T / 1e6:.1
 # %%
 print(f"{'tokens':>7} {'GFLOP':>9} {'attention':>10} {'LM head, every position':>24} {'LM head, last only':>19}")
 for n in (T, 128, 1024, c.max_len):
-    full, last = perf.forward_flops(c, n), perf.forward_flops(c, n, last_only=True)
+    full, last = costs.forward_flops(c, n), costs.forward_flops(c, n, last_only=True)
     att = c.n_layers * 2 * (n * (n + 1) // 2) * hs * H * 2
     print(f"{n:7,} {full / 1e9:9.2f} {att / full:10.1%} {2 * n * d * c.vocab_size / full:24.1%} "
           f"{2 * d * c.vocab_size / last:19.1%}")
@@ -363,7 +363,7 @@ print(f"arithmetic intensity: {total / model.weight_nbytes:.2f} FLOP per byte of
 #    on this machine at the GFLOP/s you measured. Then measure it.
 # 5. The course's larger example has 32 layers, d_model 4096, 32 heads / 8 KV heads
 #    of size 128, d_ff 14336 and a vocabulary of 128,256 (Llama-3-8B). Compute the
-#    FLOPs of a 1,000-token forward pass with `perf.forward_flops` and a
+#    FLOPs of a 1,000-token forward pass with `costs.forward_flops` and a
 #    `labkit.ModelConfig` you fill in yourself.
 #
 # ## Further reading

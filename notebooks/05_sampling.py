@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 import labkit
-from labkit import viz, widgets
+from labkit import charts, widgets
 
 torch.set_grad_enabled(False)  # we only run the model, never train it: no gradients needed
 
@@ -110,7 +110,7 @@ assert count >= 3          # greedy loops: the same 4 tokens come back again and
 # has started, the model becomes *more* certain of it, not less.
 
 # %%
-viz.token_strip(labkit.token_strings(tok, loop.token_ids), loop.token_ids, probs=[s.prob for s in loop.steps],
+charts.token_strip(labkit.token_strings(tok, loop.token_ids), loop.token_ids, probs=[s.prob for s in loop.steps],
                 title=f"Greedy continuation of {LOOP_PROMPT!r} (colour: the model's probability)")
 
 # %%
@@ -182,7 +182,7 @@ assert torch.equal(labkit.distribution(open_logits, method="temperature", temper
 
 # %%
 sharp = labkit.distribution(open_logits, method="temperature", temperature=0.5)
-viz.distribution_chart(labels, top20.values, sharp[top20.indices], title="Temperature 0.5")
+charts.distribution_chart(labels, top20.values, sharp[top20.indices], title="Temperature 0.5")
 
 # %% [markdown]
 # ### Top-k
@@ -199,7 +199,7 @@ print(f"top-k = {K}: kept {int(kept.sum())} tokens, which held {before[kept].sum
       f"each is divided by that mass")
 assert int(kept.sum()) == K
 assert torch.allclose(after[kept], before[kept] / before[kept].sum())
-viz.distribution_chart(labels, top20.values, after[top20.indices], title=f"Top-k, k = {K}")
+charts.distribution_chart(labels, top20.values, after[top20.indices], title=f"Top-k, k = {K}")
 
 # %% [markdown]
 # ### Top-p (nucleus, 核采样)
@@ -218,7 +218,7 @@ for name, lg in [(PROMPT, logits), (OPEN_PROMPT, open_logits)]:
 # After the open prompt all 20 bars of a chart would be kept; after the running example the cut shows:
 after = labkit.distribution(logits, method="top_p", top_p=TOP_P)
 fr_top = probs.topk(20)
-viz.distribution_chart(labkit.token_strings(tok, fr_top.indices), fr_top.values, after[fr_top.indices],
+charts.distribution_chart(labkit.token_strings(tok, fr_top.indices), fr_top.values, after[fr_top.indices],
                        top_p=TOP_P, title=f"Top-p, p = {TOP_P}, after {PROMPT!r}")
 
 # %% [markdown]
@@ -366,7 +366,7 @@ fig_before = explorer.figure("distribution")
 explorer.controls.method.value = "top_k"
 explorer.controls.top_k.value = 3
 fig_k = explorer.figure("distribution")
-n_coloured = sum(colour != viz.GREY for colour in fig_k.data[0].marker.color)   # bars not cut by the filter
+n_coloured = sum(colour != charts.GREY for colour in fig_k.data[0].marker.color)   # bars not cut by the filter
 print(f"{fig_k.layout.title.text!r}: {n_coloured} bars kept")
 assert n_coloured == 3 and fig_k.layout.title.text != fig_before.layout.title.text
 

@@ -47,7 +47,7 @@ if "google.colab" in sys.modules:
 import torch
 
 import labkit
-from labkit import measure, perf, viz, widgets
+from labkit import measure, costs, charts, widgets
 
 model = labkit.load_model()  # the bundled SmolLM2-135M-Instruct; on a GPU when there is one
 c = model.config
@@ -136,7 +136,7 @@ sizes = [s.cache_nbytes for s in gen.steps]
 print("cache length after each step:", [s.cache_len for s in gen.steps])
 assert [s.cache_len for s in gen.steps] == [len(enc) + i for i in range(10)]
 assert all(b - a == gen.cache.bytes_per_token for a, b in zip(sizes, sizes[1:]))
-viz.kv_cache_chart(steps, sizes, allocated_bytes=gen.cache.allocated_nbytes)
+charts.kv_cache_chart(steps, sizes, allocated_bytes=gen.cache.allocated_nbytes)
 
 # %% [markdown]
 # Now live: press **step** to generate one token at a time (the first press is
@@ -175,7 +175,7 @@ print(f"{model.name}: 2 x {c.n_layers} layers x {c.n_kv_heads} KV heads x {c.hea
       f"{value_bytes} bytes ({model.dtype}) = {per_token:,} bytes ({per_token / 1e3:.1f} kB) per token")
 for n in (1024, c.max_len):
     print(f"  {n:>6} tokens: {per_token * n / 1e6:8.1f} MB   (the model's weights: {model.weight_nbytes / 1e6:.0f} MB)")
-assert per_token == cache.bytes_per_token == perf.kv_bytes_per_token(c, value_bytes)
+assert per_token == cache.bytes_per_token == costs.kv_bytes_per_token(c, value_bytes)
 
 # %% [markdown]
 # The course's example configuration is a larger model: **32 query heads
@@ -187,7 +187,7 @@ assert per_token == cache.bytes_per_token == perf.kv_bytes_per_token(c, value_by
 # %%
 EXAMPLE = labkit.ModelConfig(model_type="llama", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8,
                              head_dim=128, d_ff=14336, vocab_size=128256, max_len=8192, norm_eps=1e-5)
-example_per_token = perf.kv_bytes_per_token(EXAMPLE, bytes_per_value=2)
+example_per_token = costs.kv_bytes_per_token(EXAMPLE, bytes_per_value=2)
 print(f"example: 2 x {EXAMPLE.n_layers} x {EXAMPLE.n_kv_heads} x {EXAMPLE.head_dim} x 2 bytes = "
       f"{example_per_token:,} bytes ({example_per_token / 1e3:.0f} kB) per token")
 for n, batch in ((4096, 1), (8192, 1), (8192, 32)):
@@ -207,10 +207,10 @@ assert example_per_token == 2 * 32 * 8 * 128 * 2
 # as many ways; only what is stored shrinks, by the group size.
 
 # %%
-viz.gqa_diagram(c.n_heads, c.n_kv_heads, c.head_dim, title=f"{model.name}: GQA")
+charts.gqa_diagram(c.n_heads, c.n_kv_heads, c.head_dim, title=f"{model.name}: GQA")
 
 # %%
-viz.cache_size_comparison(EXAMPLE.n_layers, EXAMPLE.n_heads, EXAMPLE.n_kv_heads, EXAMPLE.head_dim,
+charts.cache_size_comparison(EXAMPLE.n_layers, EXAMPLE.n_heads, EXAMPLE.n_kv_heads, EXAMPLE.head_dim,
                           seq_len=8192, bytes_per_value=2,
                           title="KV cache of 8,192 tokens, the course's example (32 layers, 32 heads, size 128)")
 
@@ -245,7 +245,7 @@ assert with_cache.text.startswith(" Paris")
 # with the length: without the cache a step at length *L* runs all *L* tokens
 # through every layer, with it one token. Below, one such step is timed at a
 # few lengths (median of 3 on this machine; a GPU gets longer sequences, as it
-# is fast), and the FLOPs of both are counted with `labkit.perf`.
+# is fast), and the FLOPs of both are counted with `labkit.costs`.
 
 # %%
 LENGTHS = [16, 64, 256] if model.device.type == "cpu" else [16, 256, 1024, 4096]
@@ -255,7 +255,7 @@ print(f"time for one more token (measured on {speed.device}, median of {speed.re
 print(f"{'length':>7} {'with cache':>12} {'without':>12} {'speed-up':>9}")
 for n, t_with, t_without, s in speed.rows():
     print(f"{n:>7} {t_with:>9.1f} ms {t_without:>9.1f} ms {s:>8.1f}x")
-flops_ratio = perf.forward_flops(c, LENGTHS[-1]) / perf.forward_flops(c, 1, LENGTHS[-1] - 1)
+flops_ratio = costs.forward_flops(c, LENGTHS[-1]) / costs.forward_flops(c, 1, LENGTHS[-1] - 1)
 print(f"arithmetic saved at {LENGTHS[-1]} tokens: {flops_ratio:.0f}x fewer FLOPs with the cache")
 assert all(speed.same_token)          # the same next token both ways, at every length
 assert flops_ratio > LENGTHS[-1] / 2
@@ -263,7 +263,7 @@ if model.device.type == "cpu":
     assert speed.speedup[-1] > 1      # on a CPU the arithmetic dominates: the cache wins at 256 tokens
 
 # %%
-viz.cache_speedup_chart(speed.lengths, speed.with_cache_s, speed.without_cache_s,
+charts.cache_speedup_chart(speed.lengths, speed.with_cache_s, speed.without_cache_s,
                         title=f"Time for one more token, with and without the KV cache ({speed.device})")
 
 # %% [markdown]

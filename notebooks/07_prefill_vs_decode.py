@@ -54,7 +54,7 @@ if "google.colab" in sys.modules:
 
 # %%
 import labkit
-from labkit import measure, perf, viz
+from labkit import measure, costs, charts
 
 model = labkit.load_model()  # the bundled SmolLM2-135M-Instruct; on a GPU when there is one
 c = model.config
@@ -81,7 +81,7 @@ print(f"TPOT {run.tpot_s * 1e3:.1f} ms   (median of {N_NEW - 1} decode steps: {1
 print(f"measured on {ON}")
 assert run.text.startswith(" Paris")
 assert [s.phase for s in run.gen.steps] == ["prefill"] + ["decode"] * (N_NEW - 1)
-viz.timing_chart(run.step_seconds, title=f"Time per step: prefill vs decode ({ON})")
+charts.timing_chart(run.step_seconds, title=f"Time per step: prefill vs decode ({ON})")
 
 # %% [markdown]
 # With a 5-token prompt the prefill takes about as long as a decode step
@@ -92,7 +92,7 @@ viz.timing_chart(run.step_seconds, title=f"Time per step: prefill vs decode ({ON
 # ## 2. One prefill: a large workload, yet fast per token
 #
 # Below, the prefill of the first *N* tokens of a long text is timed for a few
-# lengths (median of 3). The FLOPs come from `labkit.perf` (2 per weight per
+# lengths (median of 3). The FLOPs come from `labkit.costs` (2 per weight per
 # token, plus attention).
 
 # %%
@@ -129,18 +129,18 @@ measure.ttft_chart(ttft)
 # ## 3. FLOPs and bytes per token, arithmetic intensity
 #
 # **Arithmetic intensity** (算术强度) = FLOPs ÷ bytes moved from memory. The
-# numbers below are counted from the model's shapes by `labkit.perf`, for the
+# numbers below are counted from the model's shapes by `labkit.costs`, for the
 # longest prefill above and for one decode step after it:
 
 # %%
-pre = perf.prefill_workload(model, T)
-dec = perf.decode_workload(model, n_cached=T)
+pre = costs.prefill_workload(model, T)
+dec = costs.decode_workload(model, n_cached=T)
 print(f"{'':24} {'FLOPs':>10} {'bytes':>10} {'FLOPs/token':>12} {'bytes/token':>12} {'FLOP/byte':>10}")
 for w, tokens in ((pre, T), (dec, 1)):
     print(f"{w.name:24} {w.flops / 1e9:>8.2f} G {w.bytes / 1e6:>8.0f} M {w.flops / tokens / 1e6:>10.0f} M "
           f"{w.bytes / tokens / 1e6:>10.2f} M {w.intensity:>10.1f}")
 print(f"\nweights: {model.weight_nbytes / 1e6:.0f} MB ({model.dtype}); KV cache read by the decode step: "
-      f"{perf.kv_bytes_per_token(c, model.new_cache(1).k.element_size()) * (T + 1) / 1e6:.1f} MB")
+      f"{costs.kv_bytes_per_token(c, model.new_cache(1).k.element_size()) * (T + 1) / 1e6:.1f} MB")
 print(f"the prefill does {pre.intensity / dec.intensity:.0f}x more arithmetic per byte than a decode step")
 assert pre.flops > 100 * dec.flops                   # a large workload ...
 assert pre.intensity > 50 * dec.intensity            # ... with far more work per byte
@@ -166,7 +166,7 @@ assert pre.intensity > 50 * dec.intensity            # ... with far more work pe
 # %%
 bandwidth = measure.measure_bandwidth(model.device)
 peak = measure.measure_matmul_flops(model.device, model.dtype)
-ridge = perf.ridge_point(peak, bandwidth)
+ridge = costs.ridge_point(peak, bandwidth)
 print(f"measured on {ON}:")
 print(f"  memory bandwidth  {bandwidth / 1e9:8.1f} GB/s")
 print(f"  matmul peak       {peak / 1e9:8.1f} GFLOP/s ({model.dtype})")
@@ -183,13 +183,13 @@ assert bandwidth > 0 and peak > 0
 # the cache it had at its median step).
 
 # %%
-dec_run = perf.decode_workload(model, n_cached=n_prompt + N_NEW // 2)
+dec_run = costs.decode_workload(model, n_cached=n_prompt + N_NEW // 2)
 points = [measure.roofline_point(pre, ttft.seconds[-1], f"prefill {T} tokens"),
           measure.roofline_point(dec_run, run.tpot_s, "decode step")]
 for p, w, s in zip(points, (pre, dec_run), (ttft.seconds[-1], run.tpot_s)):
     print(f"{p['name']:>20}: {p['flops_per_s'] / 1e9:7.1f} GFLOP/s = {p['flops_per_s'] / peak:5.1%} of the peak; "
           f"moves {w.bytes / s / 1e9:6.1f} GB/s = {w.bytes / s / bandwidth:5.1%} of the bandwidth")
-viz.roofline_chart(peak, bandwidth, points, device_name=ON, title="Roofline of this device, measured")
+charts.roofline_chart(peak, bandwidth, points, device_name=ON, title="Roofline of this device, measured")
 
 # %% [markdown]
 # The prefill sits far to the right, near the flat roof: it is limited by
@@ -215,7 +215,7 @@ CONTEXT = 256 if CPU else 2048
 sweep = measure.batch_sweep(model, BATCHES, prompt_len=32, context=CONTEXT, repeats=3)
 print(f"measured on {sweep.device}, median of {sweep.repeats}; decode with {CONTEXT} cached positions per sequence")
 print(f"{'batch':>5} {'prefill/token':>14} {'decode step':>12} {'decode tok/s':>13} {'KV share':>9} {'FLOP/byte':>10}")
-decode_work = [perf.decode_workload(model, CONTEXT, batch_size=b) for b in BATCHES]
+decode_work = [costs.decode_workload(model, CONTEXT, batch_size=b) for b in BATCHES]
 for b, p_ms, d_s, tps, kv, w in zip(BATCHES, sweep.prefill_ms_per_token, sweep.decode_s,
                                      sweep.decode_tokens_per_s, sweep.kv_fraction, decode_work):
     print(f"{b:>5} {p_ms:>11.2f} ms {d_s * 1e3:>9.1f} ms {tps:>13.1f} {kv:>9.0%} {w.intensity:>10.1f}")
@@ -250,7 +250,7 @@ measure.batch_chart(sweep)
 # %%
 batch_points = [measure.roofline_point(w, s, f"decode x{b}")
                 for b, w, s in zip(BATCHES, decode_work, sweep.decode_s)]
-viz.roofline_chart(peak, bandwidth, [points[0]] + batch_points, device_name=ON,
+charts.roofline_chart(peak, bandwidth, [points[0]] + batch_points, device_name=ON,
                    title=f"Batched decode on the roofline ({CONTEXT} cached positions per sequence)")
 
 # %% [markdown]

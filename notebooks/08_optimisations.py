@@ -48,7 +48,7 @@ if "google.colab" in sys.modules:
 import torch
 
 import labkit
-from labkit import batching, flash, measure, precision, quantize, speculative
+from labkit import batching, tiled_attention, measure, precision, quantize, speculative
 
 # The reference for every comparison is the model in full fp32 precision (on a GPU
 # too, where load_model() would otherwise choose bf16).
@@ -134,7 +134,7 @@ precision.precision_chart(results)
 
 # %%
 scores = torch.tensor([1.0, 3.0, -2.0, 0.5, 5.0, 4.0, -1.0, 2.0, 6.0, 0.0])
-probs, history = flash.online_softmax(scores, block_size=3)
+probs, history = tiled_attention.online_softmax(scores, block_size=3)
 for i, (m, l) in enumerate(history):
     print(f"after block {i}: running max m = {m:4.1f}, running sum l = Σ exp(x - m) = {l:.4f}")
 print("online softmax:", probs.numpy().round(4))
@@ -142,9 +142,9 @@ print("plain softmax: ", scores.softmax(0).numpy().round(4))
 assert torch.allclose(probs, scores.softmax(0))
 
 # %% [markdown]
-# `labkit.flash.flash_attention(q, k, v, block_size)` does the same for whole
+# `labkit.tiled_attention.flash_attention(q, k, v, block_size)` does the same for whole
 # blocks of queries at once, carrying the weighted sum of V along so no second pass
-# is needed. It is about twenty lines: read it in `labkit/flash.py`. We give it
+# is needed. It is about twenty lines: read it in `labkit/tiled_attention.py`. We give it
 # queries, keys and values shaped like one layer of this model (9 query heads, 3 KV
 # heads of 64 dimensions, grouped-query attention) for a 512-token sequence and
 # compare with the by-hand attention of notebook 03:
@@ -157,7 +157,7 @@ q = torch.randn(1, c.n_heads, T, c.head_dim, generator=g).to(model.device)
 k = torch.randn(1, c.n_kv_heads, T, c.head_dim, generator=g).to(model.device)
 v = torch.randn(1, c.n_kv_heads, T, c.head_dim, generator=g).to(model.device)
 
-tiled, stats = flash.flash_attention(q, k, v, block_size=BLOCK, return_stats=True)
+tiled, stats = tiled_attention.flash_attention(q, k, v, block_size=BLOCK, return_stats=True)
 plain, _ = labkit.attention_by_hand(q, k, v, start=0)
 print(f"largest difference from ordinary attention: {(tiled - plain).abs().max():.2e}")
 print(f"tiles computed: {stats.tiles_computed}, skipped above the causal diagonal: {stats.tiles_skipped}")
@@ -167,7 +167,7 @@ assert torch.allclose(tiled, plain, atol=1e-4)
 assert stats.max_scores_held == BLOCK * BLOCK < stats.full_scores
 
 # %%
-flash.tiles_chart(T, T, BLOCK)
+tiled_attention.tiles_chart(T, T, BLOCK)
 
 # %% [markdown]
 # The score matrix grows with the square of the sequence; the tile does not grow at
@@ -179,14 +179,14 @@ for n in (512, 2048, 8192, 32768):
           f"one {BLOCK} x {BLOCK} tile {BLOCK * BLOCK * 4 / 1e3:.0f} kB")
 
 # %% [markdown]
-# Does the whole model still say the same thing? `flash.in_models()` routes the
+# Does the whole model still say the same thing? `tiled_attention.in_models()` routes the
 # model's fast attention path (prefill and every decode step) through
 # `flash_attention` for the duration of a `with` block:
 
 # %%
 ids = measure.long_prompt_ids(model, 96)
 reference_logits = model.forward(ids)
-with flash.in_models(block_size=32):
+with tiled_attention.in_models(block_size=32):
     flash_logits = model.forward(ids)
     flash_gen = labkit.generate(model, "The capital of France is", max_new_tokens=4)
 greedy_gen = labkit.generate(model, "The capital of France is", max_new_tokens=4)
@@ -206,7 +206,7 @@ assert flash_gen.token_ids == greedy_gen.token_ids
 # %%
 sdpa_t, _ = measure.time_fn(lambda: torch.nn.functional.scaled_dot_product_attention(
     q, k, v, is_causal=True, enable_gqa=True), model.device)
-tiled_t, _ = measure.time_fn(lambda: flash.flash_attention(q, k, v, block_size=BLOCK), model.device,
+tiled_t, _ = measure.time_fn(lambda: tiled_attention.flash_attention(q, k, v, block_size=BLOCK), model.device,
                              repeats=1, warmup=0)
 print(f"PyTorch's fused kernel: {sdpa_t.median * 1e3:.1f} ms; our Python tiles: {tiled_t.median * 1e3:.1f} ms "
       f"({measure.device_label(model)})")
@@ -389,7 +389,7 @@ print(f"continuous batching  idle slots        throughput x{cont.throughput / st
 # 1. Add `quantize.quantize(model, "int4")` to the precision comparison. How many
 #    bytes, how much KL? Then try `head="int8"` (the LM head kept in int8): why
 #    might the LM head be the most sensitive matrix?
-# 2. Run `flash.flash_attention` with `block_size` 1, 16 and 512 on the same q, k,
+# 2. Run `tiled_attention.flash_attention` with `block_size` 1, 16 and 512 on the same q, k,
 #    v. Does the result change? What does `block_size=1` mean for the online softmax?
 # 3. Call `speculative.speculative_generate` on the copying prompt with `num_draft`
 #    1, 3, 5 and 10, and `ngram_min=2`. Plot acceptance rate and speed-up. Why does a

@@ -33,7 +33,7 @@ if "google.colab" in sys.modules:
 
 # %%
 import labkit
-from labkit import dashboard, viz
+from labkit import dashboard, charts
 
 model = labkit.load_model(progress=False)   # the bundled model; on the GPU when there is one
 
@@ -43,7 +43,7 @@ MAX_NEW_TOKENS = 24                         # how many tokens a run produces
 LECTURE_THEME = False                       # True: larger text and thicker lines, for a projector
 
 if LECTURE_THEME:
-    viz.lecture_theme()
+    charts.lecture_theme()
 dash = dashboard.Dashboard(model, PROMPT, max_new_tokens=MAX_NEW_TOKENS, method="greedy")
 dash
 

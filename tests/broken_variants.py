@@ -4,7 +4,7 @@ Each variant patches one function of labkit for the length of a pytest run
 (the repository is never touched), so "does a test fail when this is wrong?"
 has an answer anyone can rerun:
 
-    pytest tests/test_generate.py --broken generate_ignores_method -x
+    pytest tests/test_generation.py --broken generate_ignores_method -x
 
 `python scripts/check_broken_variants.py` runs every variant against the test
 files that should catch it and reports, for each, the first test that failed
@@ -66,7 +66,7 @@ def replace_everywhere(mp, original, replacement) -> None:
 def mv_returns_zeros(mp):
     from torch import nn
 
-    t = importlib.import_module("labkit.transformer")
+    t = importlib.import_module("labkit.model")
     original = t.linear
 
     def linear(x, layer):
@@ -101,9 +101,9 @@ def int4_many_rows_return_zeros(mp):
     mp.setattr(q.Int4Linear, "forward", forward)
 
 
-@variant("generate ignores the sampling method and always takes the argmax", "tests/test_generate.py")
+@variant("generate ignores the sampling method and always takes the argmax", "tests/test_generation.py")
 def generate_ignores_method(mp):
-    g = importlib.import_module("labkit.generate")
+    g = importlib.import_module("labkit.generation")
 
     original = g.sample
 
@@ -137,7 +137,7 @@ def kl_is_three_times_reverse(mp):
 def gpt2_exact_gelu(mp):
     import torch.nn.functional as F
 
-    t = importlib.import_module("labkit.transformer")
+    t = importlib.import_module("labkit.model")
     functional = types.SimpleNamespace(**{k: getattr(F, k) for k in dir(F) if not k.startswith("__")})
     functional.gelu = lambda x, approximate="none": F.gelu(x)
     mp.setattr(t, "F", functional)
@@ -171,8 +171,8 @@ def apply(name: str):
     import pytest
 
     import labkit  # noqa: F401  (every labkit module imported, so every name can be patched)
-    for module in ("batching", "fast", "flash", "generate", "measure", "precision", "quantize",
-                   "sampling", "speculative", "transformer"):
+    for module in ("batching", "cuda_graphs", "generation", "measure", "model", "precision", "quantize",
+                   "sampling", "speculative", "tiled_attention"):
         importlib.import_module(f"labkit.{module}")
     mp = pytest.MonkeyPatch()
     VARIANTS[name].apply(mp)

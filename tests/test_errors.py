@@ -48,6 +48,7 @@ def test_unknown_model_offline(monkeypatch):
     with pytest.raises(labkit.ModelNotAvailableError, match="offline") as e:
         labkit.load_model("gpt2")
     assert "Colab" in str(e.value) and "load_model()" in str(e.value)
+    assert issubclass(labkit.ModelNotAvailableError, OSError)     # `except OSError` catches it, as for transformers
     with pytest.raises(labkit.ModelNotAvailableError, match="not found"):
         labkit.load_model("/no/such/model.gguf")
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import labkit
-from labkit.transformer import attention_by_hand
+from labkit.model import attention_by_hand
 from tiny_models import tiny_hf_model
 
 PROMPTS = [
@@ -174,7 +174,7 @@ def test_bf16_close_to_transformers_bf16(model):
 
 
 # Decoding in 16 bits, one token at a time with a KV cache (the decode path: torch.mv in
-# labkit.transformer.linear), against transformers' own cached decoding in the same dtype.
+# labkit.model.linear), against transformers' own cached decoding in the same dtype.
 # The prompt's greedy continuation, " 8, 9, 10, ...", is one where transformers' top token
 # leads the second by >= 1.9 logits at every step (measured), far more than the 16-bit noise,
 # so the tokens must be identical; on prose the lead is often < 0.1 and a legitimate

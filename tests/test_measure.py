@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import labkit
-from labkit import measure, perf
+from labkit import costs, measure
 from tiny_models import tiny_hf_model
 
 
@@ -156,7 +156,7 @@ def test_roofline_numbers_are_positive_and_points_well_formed(tiny):
     # Real measurements: plausible for any machine (a unit slip, bits or GB, is off by 8x or 1e9x).
     assert 1e8 < measure.measure_bandwidth("cpu", nbytes=4 * 2**20, repeats=2) < 1e13
     assert 1e7 < measure.measure_matmul_flops("cpu", torch.float32, n=64, repeats=2) < 1e15
-    work = perf.decode_workload(tiny, 10)
+    work = costs.decode_workload(tiny, 10)
     # Decode with 10 cached tokens, by hand: 2 per block weight, 4 x 8 per key (11 keys) per
     # head and layer, the LM head once; bytes: the weights and 11 tokens' K and V.
     flops = 2 * TINY_BLOCKS + 3 * 8 * 4 * 8 * 11 + 2 * 64 * 211

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import labkit
-from labkit import viz, widgets as W
+from labkit import charts, widgets as W
 
 PROMPT = "The capital of France is"
 
@@ -63,13 +63,13 @@ def test_sliders_refilter_without_calling_the_model(model, explorer, monkeypatch
 
     c.method.value, c.top_k.value = "top_k", 3
     colours, _, after = bars(explorer)
-    assert sum(col != viz.GREY for col in colours) == 3
+    assert sum(col != charts.GREY for col in colours) == 3
     assert (after[:3] > 0).all() and (after[3:] == 0).all()
 
     # At temperature 1 the bars' running total is what top-p counts.
     c.method.value, c.temperature.value, c.top_p.value = "top_p", 1.0, 0.5
     colours, before, _ = bars(explorer)
-    kept = [b for col, b in zip(colours, before) if col != viz.GREY]
+    kept = [b for col, b in zip(colours, before) if col != charts.GREY]
     assert sum(kept) >= 0.5 > sum(kept[:-1])                    # the smallest set reaching p
     assert explorer.error.value == ""
 
@@ -205,9 +205,9 @@ def test_output_fallback(model, monkeypatch):
     def shown_colours():
         (out,) = box.view.outputs
         return out["data"]["application/vnd.plotly.v1+json"]["data"][0]["marker"]["color"]
-    assert sum(c != viz.GREY for c in shown_colours()) == W.TOP_N
+    assert sum(c != charts.GREY for c in shown_colours()) == W.TOP_N
     view.controls.top_k.value = 3
-    assert sum(c != viz.GREY for c in shown_colours()) == 3
+    assert sum(c != charts.GREY for c in shown_colours()) == 3
 
     live = W.LiveGeneration(model, PROMPT, max_new_tokens=2)
     live.step()

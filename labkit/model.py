@@ -305,7 +305,7 @@ class Model:
 
         attend(layer, q, k, v) stores the new K, V wherever the caller keeps
         them and returns the attention output (B, T, heads * hs). `forward`
-        passes one that uses a KVCache; labkit.fast passes one whose position
+        passes one that uses a KVCache; labkit.cuda_graphs passes one whose position
         is a tensor, so a CUDA graph can replay the same step at every position.
         """
         t0 = time.perf_counter() if trace else 0.0    # timed only when recording (keeps torch.compile happy)

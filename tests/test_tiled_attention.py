@@ -1,4 +1,4 @@
-"""labkit.flash: tiled attention with an online softmax equals ordinary attention."""
+"""labkit.tiled_attention: tiled attention with an online softmax equals ordinary attention."""
 
 
 import pytest
@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 import labkit
-from labkit import flash
-from labkit.transformer import attention_by_hand
+from labkit import tiled_attention
+from labkit.model import attention_by_hand
 
 
 def qkv(B=1, H=6, KV=2, T=37, S=None, d=16, seed=0, dtype=torch.float32):
@@ -20,7 +20,7 @@ def qkv(B=1, H=6, KV=2, T=37, S=None, d=16, seed=0, dtype=torch.float32):
 @pytest.mark.parametrize("block_size", [1, 5, 16, 37, 64])
 def test_equals_attention_by_hand_prefill(block_size):
     q, k, v = qkv()
-    out, stats = flash.flash_attention(q, k, v, block_size, return_stats=True)
+    out, stats = tiled_attention.flash_attention(q, k, v, block_size, return_stats=True)
     ref, _ = attention_by_hand(q, k, v, start=0)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     # Never more than one tile of scores at a time.
@@ -34,46 +34,46 @@ def test_queries_after_a_cache(T, S):
     """Queries are the newest T positions, as in a decode step or a chunk after a cache."""
     q, k, v = qkv(T=T, S=S, seed=1)
     ref, _ = attention_by_hand(q, k, v, start=S - T)
-    torch.testing.assert_close(flash.flash_attention(q, k, v, 8), ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(flash.naive_attention(q, k, v), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(tiled_attention.flash_attention(q, k, v, 8), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(tiled_attention.naive_attention(q, k, v), ref, atol=1e-5, rtol=1e-5)
 
 
 def test_not_causal_equals_sdpa():
     q, k, v = qkv(H=4, KV=4, T=20, S=33, seed=2)
     ref = F.scaled_dot_product_attention(q, k, v)
-    torch.testing.assert_close(flash.flash_attention(q, k, v, 7, causal=False), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(tiled_attention.flash_attention(q, k, v, 7, causal=False), ref, atol=1e-5, rtol=1e-5)
 
 
 def test_three_dimensional_inputs_and_dtype():
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 30, 8, generator=g) for _ in range(3))
-    torch.testing.assert_close(flash.flash_attention(q, k, v, 4), flash.naive_attention(q, k, v),
+    torch.testing.assert_close(tiled_attention.flash_attention(q, k, v, 4), tiled_attention.naive_attention(q, k, v),
                                atol=1e-5, rtol=1e-5)
     qb, kb, vb = qkv(dtype=torch.bfloat16)
-    out = flash.flash_attention(qb, kb, vb, 8)
+    out = tiled_attention.flash_attention(qb, kb, vb, 8)
     assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), flash.naive_attention(qb, kb, vb).float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out.float(), tiled_attention.naive_attention(qb, kb, vb).float(), atol=2e-2, rtol=2e-2)
 
 
 def test_causal_tiles_above_the_diagonal_are_skipped():
     q, k, v = qkv(T=64, S=64)
-    _, stats = flash.flash_attention(q, k, v, 16, return_stats=True)
+    _, stats = tiled_attention.flash_attention(q, k, v, 16, return_stats=True)
     # 4 x 4 tiles; the 6 strictly above the diagonal are never computed.
     assert (stats.tiles_computed, stats.tiles_skipped) == (10, 6)
-    _, stats = flash.flash_attention(q, k, v, 16, causal=False, return_stats=True)
+    _, stats = tiled_attention.flash_attention(q, k, v, 16, causal=False, return_stats=True)
     assert (stats.tiles_computed, stats.tiles_skipped) == (16, 0)
 
 
 def test_large_scores_do_not_overflow():
     q, k, v = qkv(T=24, seed=4)
-    out = flash.flash_attention(q * 300, k, v, 5)       # scores in the thousands: exp would overflow
+    out = tiled_attention.flash_attention(q * 300, k, v, 5)       # scores in the thousands: exp would overflow
     assert torch.isfinite(out).all()
-    torch.testing.assert_close(out, flash.naive_attention(q * 300, k, v), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out, tiled_attention.naive_attention(q * 300, k, v), atol=1e-4, rtol=1e-4)
 
 
 def test_online_softmax():
     x = torch.tensor([1.0, 3.0, -2.0, 5.0, 0.5, 5.0, -7.0])
-    y, history = flash.online_softmax(x, 2)
+    y, history = tiled_attention.online_softmax(x, 2)
     torch.testing.assert_close(y, x.softmax(0))
     maxima = [m for m, _ in history]
     assert len(history) == 4 and maxima == sorted(maxima) and maxima[-1] == 5.0
@@ -84,19 +84,19 @@ def test_online_softmax():
 def test_bad_arguments():
     q, k, v = qkv(T=8, S=4)
     with pytest.raises(ValueError, match="block_size"):
-        flash.flash_attention(q, k, v, 0)
+        tiled_attention.flash_attention(q, k, v, 0)
     with pytest.raises(ValueError, match="as many keys as queries"):
-        flash.flash_attention(q, k, v, 4)
+        tiled_attention.flash_attention(q, k, v, 4)
 
 
 def test_model_with_flash_attention_gives_the_same_answer(model):
     """The whole model, its fast attention path swapped for flash_attention."""
     ids = labkit.encode(model, "The capital of France is").ids
     plain = model.forward(ids)
-    with flash.in_models(block_size=2):
+    with tiled_attention.in_models(block_size=2):
         tiled = model.forward(ids)
         gen = labkit.generate(model, ids, max_new_tokens=4)
     torch.testing.assert_close(tiled, plain, atol=2e-4, rtol=1e-4)
     assert gen.token_ids == labkit.generate(model, ids, max_new_tokens=4).token_ids
-    from labkit import transformer
+    from labkit import model as transformer
     assert transformer.attention_fast is not None and transformer.attention_fast.__name__ == "attention_fast"

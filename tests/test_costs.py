@@ -6,7 +6,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import labkit
-from labkit import perf
+from labkit import costs
 from tiny_models import tiny_hf_model
 
 
@@ -30,7 +30,7 @@ def test_prefill_flops_match_counter(kind, last_only):
     m.attention = "manual"          # plain matmuls, which the counter sees
     ids = torch.arange(24)
     c = m.config
-    expected = perf.forward_flops(c, 24, last_only=last_only) + extra_square_flops(c, 24)
+    expected = costs.forward_flops(c, 24, last_only=last_only) + extra_square_flops(c, 24)
     assert counted_flops(m, ids, last_only=last_only) == expected
 
 
@@ -39,7 +39,7 @@ def test_decode_flops_match_counter():
     m.attention = "manual"
     cache = m.new_cache(max_len=64)
     m.forward(torch.arange(30), cache=cache)
-    assert counted_flops(m, torch.tensor([5]), cache) == perf.forward_flops(m.config, 1, n_cached=30)
+    assert counted_flops(m, torch.tensor([5]), cache) == costs.forward_flops(m.config, 1, n_cached=30)
 
 
 # SmolLM2-135M counted by hand from its config: 30 layers, d_model 576, 9 query and
@@ -53,9 +53,9 @@ KV_FP32 = 2 * 30 * 3 * 64 * 4                                              # K a
 def test_default_model_counts(model):
     c = model.config
     assert BLOCK_MATMUL + LM_HEAD == 134_479_872 and KV_FP32 == 46_080
-    assert perf.matmul_params(c) == BLOCK_MATMUL + LM_HEAD
+    assert costs.matmul_params(c) == BLOCK_MATMUL + LM_HEAD
     assert model.n_params == BLOCK_MATMUL + LM_HEAD + NORMS            # the embedding is the LM head
-    assert perf.kv_bytes_per_token(c, 4) == KV_FP32 and perf.kv_bytes_per_token(c, 2) == KV_FP32 // 2
+    assert costs.kv_bytes_per_token(c, 4) == KV_FP32 and costs.kv_bytes_per_token(c, 2) == KV_FP32 // 2
     # The bytes the cache's real tensors hold, filled with 8 tokens.
     cache = model.new_cache(max_len=8)
     model.forward(torch.arange(8), cache=cache)
@@ -78,12 +78,12 @@ def test_default_model_workloads(manual):
     weights = sum(t.numel() * t.element_size() for t in (*model.hf.parameters(), *model.hf.buffers()))
     cache = model.new_cache(max_len=128)
     model.forward(torch.arange(100), cache=cache)
-    dec = perf.decode_workload(model, n_cached=100)
+    dec = costs.decode_workload(model, n_cached=100)
     assert dec.flops == counted_flops(model, torch.tensor([5]), cache)
     assert dec.bytes == weights + 101 * KV_FP32
-    pre = perf.prefill_workload(model, 16)
+    pre = costs.prefill_workload(model, 16)
     assert pre.flops + extra_square_flops(c, 16) == counted_flops(model, torch.arange(16), last_only=True)
     assert pre.bytes == weights + 16 * KV_FP32
     # The module's claim, ~2 FLOPs per 4-byte weight: measured 0.508 FLOP/byte at 100 cached tokens.
     assert 0.45 < dec.intensity < 0.55 and dec.intensity == dec.flops / dec.bytes
-    assert perf.prefill_workload(model, 512).intensity > 100 * dec.intensity
+    assert costs.prefill_workload(model, 512).intensity > 100 * dec.intensity

@@ -1,4 +1,4 @@
-"""labkit.viz: the figures hold the numbers they were given, labelled with the right tokens.
+"""labkit.charts: the figures hold the numbers they were given, labelled with the right tokens.
 
 Most tests feed made-up data (a softmax of random numbers is a valid
 attention pattern); the last group feeds the default model's real output,
@@ -15,7 +15,7 @@ import plotly.io as pio
 import pytest
 import torch
 
-from labkit import viz
+from labkit import charts
 
 TOKENS = ["The", " capital", " of", " France", " is", " Paris"]
 LABELS = ["The", "␣capital", "␣of", "␣France", "␣is", "␣Paris"]  # written out by hand on purpose
@@ -46,7 +46,7 @@ def rng():
 def normal_theme():
     """Run a test under the normal template and leave the default as it was."""
     before = pio.templates.default
-    viz.lecture_theme(False)
+    charts.lecture_theme(False)
     yield
     pio.templates.default = before
 
@@ -61,15 +61,15 @@ def normal_theme():
     ("\x00", "\\x00"),
 ])
 def test_token_label_makes_whitespace_visible(token, shown):
-    assert viz.token_label(token) == shown
+    assert charts.token_label(token) == shown
 
 
 def test_token_label_cuts_long_tokens():
-    assert viz.token_label(" " * 20, max_chars=5) == "␣␣␣␣…"
+    assert charts.token_label(" " * 20, max_chars=5) == "␣␣␣␣…"
 
 
 def test_token_strip_one_box_per_token_with_ids_on_hover():
-    fig = viz.token_strip(TOKENS, torch.tensor(IDS))
+    fig = charts.token_strip(TOKENS, torch.tensor(IDS))
     text = fig.data[0]
     assert len(fig.layout.shapes) == len(TOKENS)
     assert list(text.text) == LABELS
@@ -81,7 +81,7 @@ def test_token_strip_one_box_per_token_with_ids_on_hover():
 
 
 def test_token_strip_wraps_long_text_into_rows():
-    fig = viz.token_strip(TOKENS * 20, IDS * 20, chars_per_row=40)
+    fig = charts.token_strip(TOKENS * 20, IDS * 20, chars_per_row=40)
     shapes = fig.layout.shapes
     assert len(shapes) == 120
     assert all(s.x1 <= 40 for s in shapes)
@@ -90,9 +90,9 @@ def test_token_strip_wraps_long_text_into_rows():
 
 def test_token_strip_colours_by_probability():
     probs = [0.05, 0.2, 0.5, 0.7, 0.9, 0.99]
-    fig = viz.token_strip(TOKENS, IDS, probs=probs)
+    fig = charts.token_strip(TOKENS, IDS, probs=probs)
     assert "colour = probability" in fig.layout.title.text          # the key, in the subtitle
-    assert "colour" not in viz.token_strip(TOKENS, IDS).layout.title.text
+    assert "colour" not in charts.token_strip(TOKENS, IDS).layout.title.text
 
     def darkness(colour):  # "rgb(r, g, b)" -> 765 - r - g - b
         return 765 - sum(int(v) for v in re.findall(r"\d+", colour)[:3])
@@ -104,11 +104,11 @@ def test_token_strip_colours_by_probability():
 
 def test_token_strip_rejects_mismatched_lengths():
     with pytest.raises(ValueError):
-        viz.token_strip(TOKENS, IDS[:-1])
+        charts.token_strip(TOKENS, IDS[:-1])
 
 
 def test_token_table_columns():
-    fig = viz.token_table(TOKENS, IDS)
+    fig = charts.token_table(TOKENS, IDS)
     table = fig.data[0]
     assert isinstance(table, go.Table)
     assert [re.sub("<.*?>", "", v) for v in table.header.values] == ["Token ID", "Token Text"]
@@ -122,7 +122,7 @@ def test_token_table_columns():
 
 def test_embedding_heatmap_shows_first_dims(rng):
     vectors = torch.tensor(rng.normal(size=(6, 100)), dtype=torch.float16)
-    fig = viz.embedding_heatmap(vectors, TOKENS, max_dims=64)
+    fig = charts.embedding_heatmap(vectors, TOKENS, max_dims=64)
     hm = fig.data[0]
     assert isinstance(hm, go.Heatmap)
     assert np.asarray(hm.z).shape == (6, 64)
@@ -133,7 +133,7 @@ def test_embedding_heatmap_shows_first_dims(rng):
 
 def test_cosine_similarity_matches_torch(rng):
     vectors = rng.normal(size=(6, 32))
-    fig = viz.cosine_similarity_heatmap(vectors, TOKENS)
+    fig = charts.cosine_similarity_heatmap(vectors, TOKENS)
     z = np.asarray(fig.data[0].z)
     t = torch.tensor(vectors)
     expected = torch.nn.functional.cosine_similarity(t[:, None, :], t[None, :, :], dim=-1).numpy()
@@ -149,18 +149,18 @@ def test_sinusoidal_heatmap_position_by_dimension():
     freq = 10000 ** (-np.arange(0, 16, 2) / 16)
     pe = np.zeros((50, 16))
     pe[:, 0::2], pe[:, 1::2] = np.sin(p * freq), np.cos(p * freq)
-    fig = viz.sinusoidal_heatmap(pe)
+    fig = charts.sinusoidal_heatmap(pe)
     assert np.asarray(fig.data[0].z).shape == (50, 16)
     assert fig.layout.yaxis.title.text == "position" and fig.layout.xaxis.title.text == "dimension"
 
 
 def test_rope_angles_chart_subset_and_wrap():
     angles = np.arange(40)[:, None] * 10000 ** (-np.arange(0, 64, 2) / 64)  # (40, 32)
-    fig = viz.rope_angles_chart(angles, max_lines=8)
+    fig = charts.rope_angles_chart(angles, max_lines=8)
     assert [t.name.split(" (")[0] for t in fig.data] == [f"pair {i}" for i in range(0, 32, 4)]
     np.testing.assert_allclose(fig.data[1].y, angles[:, 4])
 
-    wrapped = viz.rope_angles_chart(angles, wrap=True, pairs=[0])
+    wrapped = charts.rope_angles_chart(angles, wrap=True, pairs=[0])
     y = np.asarray(wrapped.data[0].y, dtype=float)
     finite = y[~np.isnan(y)]
     assert finite.min() >= 0 and finite.max() < 2 * math.pi
@@ -175,7 +175,7 @@ def test_rope_angles_chart_subset_and_wrap():
 
 def test_attention_heatmap_of_a_softmax(rng):
     pattern = causal_softmax(rng, 1, 6)[0]
-    fig = viz.attention_heatmap(torch.tensor(pattern), TOKENS, TOKENS, layer=2, head=5)
+    fig = charts.attention_heatmap(torch.tensor(pattern), TOKENS, TOKENS, layer=2, head=5)
     hm = fig.data[0]
     z = np.asarray(hm.z)
     assert z.shape == (6, 6)
@@ -189,7 +189,7 @@ def test_attention_heatmap_of_a_softmax(rng):
 def test_attention_heatmap_keeps_repeated_tokens(rng):
     # Categorical axes would merge the two " the" rows; numeric ones must not.
     tokens = ["A", " the", " cat", " and", " the", " dog"]
-    fig = viz.attention_heatmap(causal_softmax(rng, 1, 6)[0], tokens, tokens)
+    fig = charts.attention_heatmap(causal_softmax(rng, 1, 6)[0], tokens, tokens)
     assert list(fig.data[0].y) == list(range(6))
     assert ticktext(fig.layout.yaxis).count("␣the") == 2
 
@@ -197,15 +197,15 @@ def test_attention_heatmap_keeps_repeated_tokens(rng):
 def test_attention_heatmap_thins_labels_of_long_sequences(rng):
     t = 200
     tokens = [f" w{i}" for i in range(t)]
-    fig = viz.attention_heatmap(softmax(rng.normal(size=(t, t))), tokens, tokens)
+    fig = charts.attention_heatmap(softmax(rng.normal(size=(t, t))), tokens, tokens)
     assert np.asarray(fig.data[0].z).shape == (t, t)
-    assert 10 <= len(fig.layout.xaxis.tickvals) <= viz.MAX_TICKS
+    assert 10 <= len(fig.layout.xaxis.tickvals) <= charts.MAX_TICKS
     assert all(fig.layout.xaxis.ticktext[k] == f"␣w{v}" for k, v in enumerate(fig.layout.xaxis.tickvals))
 
 
 def test_attention_grid_one_panel_per_head(rng):
     patterns = causal_softmax(rng, 9, 6)
-    fig = viz.attention_grid(patterns, TOKENS, layer=4)
+    fig = charts.attention_grid(patterns, TOKENS, layer=4)
     heatmaps = [t for t in fig.data if isinstance(t, go.Heatmap)]
     assert len(heatmaps) == 9
     for h, hm in enumerate(heatmaps):
@@ -218,24 +218,24 @@ def test_attention_grid_one_panel_per_head(rng):
 
 def test_attention_grid_during_decode_has_one_query(rng):
     patterns = softmax(rng.normal(size=(3, 1, 6)))
-    fig = viz.attention_grid(patterns, TOKENS, layer=0)
+    fig = charts.attention_grid(patterns, TOKENS, layer=0)
     assert ticktext(fig.layout.yaxis) == ["␣Paris"]  # the newest token is the query
 
 
 def test_attention_row_is_a_bar_per_cached_key(rng):
     row = softmax(rng.normal(size=6))
-    fig = viz.attention_row(row, TOKENS, layer=1, head=2)
+    fig = charts.attention_row(row, TOKENS, layer=1, head=2)
     bar = fig.data[0]
     assert isinstance(bar, go.Bar)
     np.testing.assert_allclose(bar.y, row)
     assert ticktext(fig.layout.xaxis) == LABELS
     top = int(np.argmax(row))
-    assert [c == viz.ORANGE for c in bar.marker.color] == [i == top for i in range(6)]
+    assert [c == charts.ORANGE for c in bar.marker.color] == [i == top for i in range(6)]
 
 
 @pytest.mark.parametrize("n_heads, n_kv, head_dim", [(9, 3, 64), (32, 8, 128), (8, 8, 64), (8, 1, 64)])
 def test_gqa_diagram_links_each_query_head_to_its_kv_head(n_heads, n_kv, head_dim):
-    fig = viz.gqa_diagram(n_heads, n_kv, head_dim)
+    fig = charts.gqa_diagram(n_heads, n_kv, head_dim)
     group = n_heads // n_kv
     links = {t.name: [x for x in t.x[0::3]] for t in fig.data if t.mode == "lines"}
     assert len(links) == n_kv
@@ -249,7 +249,7 @@ def test_gqa_diagram_links_each_query_head_to_its_kv_head(n_heads, n_kv, head_di
 
 def test_gqa_diagram_rejects_uneven_groups():
     with pytest.raises(ValueError):
-        viz.gqa_diagram(9, 4, 64)
+        charts.gqa_diagram(9, 4, 64)
 
 
 # --------------------------------------------------------------------------
@@ -259,7 +259,7 @@ def test_gqa_diagram_rejects_uneven_groups():
 def test_logit_lens_chart_writes_the_guess_in_each_cell(rng):
     top_tokens = [[" Paris", " the", "\n", " a", " is", "x"] for _ in range(4)]
     top_probs = rng.uniform(size=(4, 6))
-    fig = viz.logit_lens_chart(top_tokens, top_probs, TOKENS, layer_labels=["emb", "1", "2", "3"])
+    fig = charts.logit_lens_chart(top_tokens, top_probs, TOKENS, layer_labels=["emb", "1", "2", "3"])
     hm = fig.data[0]
     np.testing.assert_allclose(hm.z, top_probs)
     assert [list(r) for r in hm.text] == [["␣Paris", "␣the", "↵", "␣a", "␣is", "x"]] * 4
@@ -272,11 +272,11 @@ def test_distribution_chart_greys_exactly_the_cut_tokens():
     labels = [" Paris", " the", " a", " located", " known", " home"]
     before = np.array([0.5, 0.2, 0.1, 0.08, 0.05, 0.03])
     after = np.array([0.625, 0.25, 0.125, 0.0, 0.0, 0.0])
-    fig = viz.distribution_chart(labels, before, after, chosen=1, top_p=0.75)
+    fig = charts.distribution_chart(labels, before, after, chosen=1, top_p=0.75)
     bars = [t for t in fig.data if isinstance(t, go.Bar)]
     np.testing.assert_allclose(bars[0].y, before)
     np.testing.assert_allclose(bars[1].y, after)
-    assert [c == viz.GREY for c in bars[0].marker.color] == [False, False, False, True, True, True]
+    assert [c == charts.GREY for c in bars[0].marker.color] == [False, False, False, True, True, True]
     # The chosen token, and only it, is outlined in both bars.
     for bar in bars:
         assert [w > 0 for w in bar.marker.line.width] == [i == 1 for i in range(6)]
@@ -288,7 +288,7 @@ def test_distribution_chart_greys_exactly_the_cut_tokens():
 
 
 def test_distribution_chart_chosen_by_label():
-    fig = viz.distribution_chart(["a", "b", "c"], [0.6, 0.3, 0.1], [0.6, 0.3, 0.1], chosen="c")
+    fig = charts.distribution_chart(["a", "b", "c"], [0.6, 0.3, 0.1], [0.6, 0.3, 0.1], chosen="c")
     assert list(fig.data[0].marker.line.width)[2] > 0
     assert len(fig.layout.shapes) == 0  # no top_p, no marker line
 
@@ -301,16 +301,16 @@ def test_kv_cache_chart_in_megabytes():
     steps = np.arange(10)
     per_token = 2 * 30 * 3 * 64 * 4
     used = (steps + 5) * per_token
-    fig = viz.kv_cache_chart(steps, used, allocated_bytes=64 * per_token)
+    fig = charts.kv_cache_chart(steps, used, allocated_bytes=64 * per_token)
     np.testing.assert_allclose(fig.data[0].y, used / 1e6)
     np.testing.assert_allclose(fig.data[1].y, np.full(10, 64 * per_token / 1e6))
     assert "MB" in fig.layout.yaxis.title.text
     assert "46.1 kB per token" in fig.layout.title.text
 
-    one_layer = viz.kv_cache_chart(steps, used, per_layer=True, n_layers=30)
+    one_layer = charts.kv_cache_chart(steps, used, per_layer=True, n_layers=30)
     np.testing.assert_allclose(one_layer.data[0].y, used / 30 / 1e6)
     with pytest.raises(ValueError):
-        viz.kv_cache_chart(steps, used, per_layer=True)
+        charts.kv_cache_chart(steps, used, per_layer=True)
 
 
 @pytest.mark.parametrize("layers, heads, kv, dim, seq, nbytes", [
@@ -318,7 +318,7 @@ def test_kv_cache_chart_in_megabytes():
     (32, 32, 8, 128, 4096, 2),   # the course's example: 32 heads, 8 KV heads, size 128
 ])
 def test_cache_size_comparison_matches_the_formula(layers, heads, kv, dim, seq, nbytes):
-    fig = viz.cache_size_comparison(layers, heads, kv, dim, seq, bytes_per_value=nbytes)
+    fig = charts.cache_size_comparison(layers, heads, kv, dim, seq, bytes_per_value=nbytes)
     bar = fig.data[0]
     expected = [2 * layers * h * dim * nbytes * seq for h in (heads, kv, 1)]
     assert list(bar.customdata) == expected
@@ -329,7 +329,7 @@ def test_cache_size_comparison_matches_the_formula(layers, heads, kv, dim, seq, 
 
 def test_course_example_sizes():
     # 2 x 32 x 8 x 128 x 2 bytes = 128 KiB per token; at 4096 tokens 512 MiB.
-    fig = viz.cache_size_comparison(32, 32, 8, 128, 4096)
+    fig = charts.cache_size_comparison(32, 32, 8, 128, 4096)
     assert fig.data[0].customdata[1] == 512 * 2**20
 
 
@@ -339,10 +339,10 @@ def test_course_example_sizes():
 
 def test_timing_chart_prefill_and_median_tpot():
     seconds = [0.25, 0.030, 0.034, 0.031, 0.040, 0.029]
-    fig = viz.timing_chart(seconds, prefill_steps=1)
+    fig = charts.timing_chart(seconds, prefill_steps=1)
     bar = fig.data[0]
     np.testing.assert_allclose(bar.y, np.array(seconds) * 1000)
-    assert list(bar.marker.color) == [viz.ORANGE] + [viz.BLUE] * 5
+    assert list(bar.marker.color) == [charts.ORANGE] + [charts.BLUE] * 5
     decode_ms = sorted(s * 1000 for s in seconds[1:])
     line = next(t for t in fig.data if (t.name or "").startswith("median TPOT"))
     assert list(line.y) == pytest.approx([decode_ms[len(decode_ms) // 2]] * 2)      # 31 ms
@@ -353,13 +353,13 @@ def test_timing_chart_prefill_and_median_tpot():
 
 
 def test_step_axes_never_show_fractional_steps():
-    assert viz.kv_cache_chart([0, 1], [100, 200]).layout.xaxis.dtick == 1
-    long = viz.timing_chart([0.01] * 40)
+    assert charts.kv_cache_chart([0, 1], [100, 200]).layout.xaxis.dtick == 1
+    long = charts.timing_chart([0.01] * 40)
     assert long.layout.xaxis.dtick is None and long.layout.xaxis.tickformat == "d"
 
 
 def test_cache_speedup_chart_two_lines():
-    fig = viz.cache_speedup_chart([16, 32, 64], [0.1, 0.2, 0.4], [0.1, 0.4, 1.6])
+    fig = charts.cache_speedup_chart([16, 32, 64], [0.1, 0.2, 0.4], [0.1, 0.4, 1.6])
     assert len(fig.data) == 2 and all(t.mode == "lines+markers" for t in fig.data)
     assert {t.name for t in fig.data} == {"with KV cache", "without cache (recompute everything)"}
     assert "4.0x faster" in fig.layout.title.text
@@ -369,7 +369,7 @@ def test_roofline_chart():
     peak, bw = 989e12, 4.8e12
     points = [dict(name="decode", intensity=1.0, flops_per_s=4e12),
               dict(name="prefill", intensity=600.0, flops_per_s=7e14)]
-    fig = viz.roofline_chart(peak, bw, points, device_name="H200")
+    fig = charts.roofline_chart(peak, bw, points, device_name="H200")
     roof, ridge = fig.data[0], fig.data[1]
     x, y = np.asarray(roof.x), np.asarray(roof.y)
     np.testing.assert_allclose(y, np.minimum(peak, bw * x))
@@ -387,20 +387,20 @@ def test_roofline_chart():
 def test_lecture_theme_switches_and_restores(normal_theme, rng):
     normal = pio.templates[pio.templates.default].layout.font.size
     assert normal < 20
-    assert viz.lecture_theme() == "labkit_lecture"
-    fig = viz.attention_heatmap(causal_softmax(rng, 1, 6)[0], TOKENS, TOKENS)
+    assert charts.lecture_theme() == "labkit_lecture"
+    fig = charts.attention_heatmap(causal_softmax(rng, 1, 6)[0], TOKENS, TOKENS)
     assert fig.layout.template.layout.font.size >= 20          # the figure built now is large
     assert fig.layout.template.layout.title.font.size > fig.layout.template.layout.font.size
     assert fig.layout.template.data.scatter[0].line.width >= 4
-    viz.lecture_theme(False)
+    charts.lecture_theme(False)
     assert pio.templates.default == "labkit"
-    assert viz.timing_chart([0.1, 0.02]).layout.template.layout.font.size == normal
+    assert charts.timing_chart([0.1, 0.02]).layout.template.layout.font.size == normal
 
 
 def test_lecture_theme_makes_figures_bigger(normal_theme, rng):
-    small = viz.attention_heatmap(causal_softmax(rng, 1, 6)[0], TOKENS, TOKENS).layout
-    viz.lecture_theme()
-    big = viz.attention_heatmap(causal_softmax(rng, 1, 6)[0], TOKENS, TOKENS).layout
+    small = charts.attention_heatmap(causal_softmax(rng, 1, 6)[0], TOKENS, TOKENS).layout
+    charts.lecture_theme()
+    big = charts.attention_heatmap(causal_softmax(rng, 1, 6)[0], TOKENS, TOKENS).layout
     assert big.width > small.width and big.height > small.height
 
 
@@ -412,7 +412,7 @@ def offline_checks(html_text):
 
 
 def test_save_html_one_figure(tmp_path):
-    path = viz.save_html(viz.gqa_diagram(9, 3, 64), tmp_path / "out" / "gqa.html")
+    path = charts.save_html(charts.gqa_diagram(9, 3, 64), tmp_path / "out" / "gqa.html")
     assert path.exists()
     text = path.read_text(encoding="utf-8")
     offline_checks(text)
@@ -420,8 +420,8 @@ def test_save_html_one_figure(tmp_path):
 
 
 def test_save_html_several_figures_share_one_plotly(tmp_path):
-    figs = [viz.gqa_diagram(9, 3, 64), viz.timing_chart([0.2, 0.03, 0.03]), viz.token_table(TOKENS, IDS)]
-    text = viz.save_html(figs, tmp_path / "all.html").read_text(encoding="utf-8")
+    figs = [charts.gqa_diagram(9, 3, 64), charts.timing_chart([0.2, 0.03, 0.03]), charts.token_table(TOKENS, IDS)]
+    text = charts.save_html(figs, tmp_path / "all.html").read_text(encoding="utf-8")
     offline_checks(text)
     assert text.count('class="plotly-graph-div"') == 3
     assert len(text) > 3_000_000  # plotly.js itself is a few MB
@@ -429,9 +429,9 @@ def test_save_html_several_figures_share_one_plotly(tmp_path):
 
 def test_empty_inputs_give_empty_figures():
     # The live views draw their charts before the first token exists.
-    figs = [viz.token_strip([], []), viz.token_strip([], [], probs=[]), viz.token_table([], []),
-            viz.distribution_chart([], [], [], top_p=0.9), viz.attention_row([], [], 0, 0),
-            viz.kv_cache_chart([], [], allocated_bytes=100), viz.timing_chart([], prefill_steps=0)]
+    figs = [charts.token_strip([], []), charts.token_strip([], [], probs=[]), charts.token_table([], []),
+            charts.distribution_chart([], [], [], top_p=0.9), charts.attention_row([], [], 0, 0),
+            charts.kv_cache_chart([], [], allocated_bytes=100), charts.timing_chart([], prefill_steps=0)]
     for fig in figs:
         assert isinstance(fig, go.Figure)
         fig.to_json()  # plotly accepts what was built
@@ -453,22 +453,22 @@ def paris(model):
 def test_real_tokens_strip_and_table(paris):
     enc, _, _ = paris
     assert enc.tokens == ["The", " capital", " of", " France", " is"]
-    fig = viz.token_strip(enc.tokens, enc.ids)
+    fig = charts.token_strip(enc.tokens, enc.ids)
     assert list(fig.data[0].text) == LABELS[:5]
     assert list(fig.data[0].customdata) == enc.ids.tolist()
-    assert list(viz.token_table(enc.tokens, enc.ids).data[0].cells.values[0]) == enc.ids.tolist()
+    assert list(charts.token_table(enc.tokens, enc.ids).data[0].cells.values[0]) == enc.ids.tolist()
 
 
 def test_real_attention_heatmap_and_grid(model, paris):
     enc, _, trace = paris
     layer = trace.attentions[3]                          # (heads, T, T)
     assert layer.shape == (model.config.n_heads, 5, 5)
-    fig = viz.attention_heatmap(layer[0], enc.tokens, enc.tokens, layer=3, head=0)
+    fig = charts.attention_heatmap(layer[0], enc.tokens, enc.tokens, layer=3, head=0)
     z = np.asarray(fig.data[0].z)
     np.testing.assert_allclose(z.sum(axis=1), 1.0, atol=1e-6)   # fp32: measured 1.2e-7 off at most
     assert np.all(z[np.triu_indices(5, 1)] == 0)         # causal: no token sees the future
     assert ticktext(fig.layout.xaxis) == LABELS[:5]
-    grid = viz.attention_grid(layer, enc.tokens, layer=3)
+    grid = charts.attention_grid(layer, enc.tokens, layer=3)
     assert len(grid.data) == 9
     np.testing.assert_array_equal(grid.data[8].z, layer[8].numpy())   # passed through unchanged
 
@@ -478,9 +478,9 @@ def test_real_embeddings(paris, model):
 
     enc, _, trace = paris
     vectors = labkit.embed(model, enc.ids)               # (T, 576)
-    fig = viz.embedding_heatmap(vectors, enc.tokens)
+    fig = charts.embedding_heatmap(vectors, enc.tokens)
     np.testing.assert_array_equal(fig.data[0].z, vectors[:, :64].numpy())
-    sim = np.asarray(viz.cosine_similarity_heatmap(trace.hidden[0], enc.tokens).data[0].z)
+    sim = np.asarray(charts.cosine_similarity_heatmap(trace.hidden[0], enc.tokens).data[0].z)
     assert sim.shape == (5, 5) and np.allclose(np.diag(sim), 1, rtol=0, atol=2e-6)   # measured 2.4e-7 off
 
 
@@ -490,7 +490,7 @@ def test_real_logit_lens_ends_on_paris(model, paris):
     enc, _, trace = paris
     top_ids, top_probs = labkit.logit_lens(model, trace, k=1)   # (L+1, T, 1) each
     words = [[model.tokenizer.decode([int(i)]) for i in row[:, 0]] for row in top_ids]
-    fig = viz.logit_lens_chart(words, top_probs[..., 0], enc.tokens)
+    fig = charts.logit_lens_chart(words, top_probs[..., 0], enc.tokens)
     hm = fig.data[0]
     assert np.asarray(hm.z).shape == (model.config.n_layers + 1, 5)
     assert hm.text[-1][-1] == "␣Paris"                   # the last layer's guess after " is"
@@ -504,8 +504,8 @@ def test_real_distribution_chart(paris):
     after = labkit.distribution(logits[-1], "top_p", temperature=0.8, top_p=0.5)
     order = before.argsort(descending=True)[:15]
     labels = [f"t{int(i)}" for i in order]
-    fig = viz.distribution_chart(labels, before[order], after[order], chosen=0, top_p=0.5)
-    greyed = [c == viz.GREY for c in fig.data[0].marker.color]
+    fig = charts.distribution_chart(labels, before[order], after[order], chosen=0, top_p=0.5)
+    greyed = [c == charts.GREY for c in fig.data[0].marker.color]
     assert greyed == (after[order] == 0).tolist()
     assert 0 < sum(greyed) < 15                          # top-p 0.5 keeps a few, cuts the rest
 
@@ -519,9 +519,9 @@ def test_real_top_p_cut_is_where_the_scaled_running_total_crosses_top_p(paris):
     scaled = torch.softmax(logits[-1].float() / temperature, -1)
     after = labkit.distribution(logits[-1], "top_p", temperature=temperature, top_p=top_p)
     order = before.argsort(descending=True)[:50]
-    fig = viz.distribution_chart([str(int(i)) for i in order], before[order], after[order],
+    fig = charts.distribution_chart([str(int(i)) for i in order], before[order], after[order],
                                  top_p=top_p, probs_scaled=scaled[order])
-    greyed = np.array([c == viz.GREY for c in fig.data[0].marker.color])
+    greyed = np.array([c == charts.GREY for c in fig.data[0].marker.color])
     running = np.asarray(fig.data[2].y)
     n_kept = int((~greyed).sum())
     assert 2 <= n_kept < 50 and not greyed[:n_kept].any()      # a prefix is kept, the rest cut
@@ -533,11 +533,11 @@ def test_real_generation_timing_and_cache(model):
 
     gen = labkit.generate(model, "The capital of France is", max_new_tokens=3, method="greedy")
     steps = gen.steps
-    fig = viz.timing_chart([s.seconds for s in steps], prefill_steps=1)
+    fig = charts.timing_chart([s.seconds for s in steps], prefill_steps=1)
     line = next(t for t in fig.data if (t.name or "").startswith("median TPOT"))
     decode_ms = sorted(s.seconds * 1000 for s in steps[1:])
     assert line.y[0] == pytest.approx(decode_ms[len(decode_ms) // 2])     # the upper middle of 2
-    cache = viz.kv_cache_chart([s.index for s in steps], [s.cache_nbytes for s in steps])
+    cache = charts.kv_cache_chart([s.index for s in steps], [s.cache_nbytes for s in steps])
     y = np.asarray(cache.data[0].y) * 1e6
     # SmolLM2-135M, by hand: 2 (K, V) x 30 layers x 3 KV heads x 64 x 4 bytes (fp32) per token.
     per_token = 46_080
@@ -545,7 +545,7 @@ def test_real_generation_timing_and_cache(model):
     assert steps[-1].cache_len == 5 + 3 - 1                 # 5 prompt tokens, the last token not yet fed
     assert steps[-1].cache_nbytes == 7 * per_token
     cfg = model.config
-    bars = viz.cache_size_comparison(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, 7,
+    bars = charts.cache_size_comparison(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, 7,
                                      bytes_per_value=4)
     # 9 (MHA), 3 (GQA) and 1 (MQA) KV heads
     assert list(bars.data[0].customdata) == [3 * 7 * per_token, 7 * per_token, 7 * per_token // 3]
@@ -553,9 +553,9 @@ def test_real_generation_timing_and_cache(model):
 
 def test_long_titles_wrap_to_the_figure_width():
     title = "One query vector at positions 0-15, rotated by RoPE: cosine similarity"
-    fig = viz.cosine_similarity_heatmap(np.eye(16), [f"p{i}" for i in range(16)], title=title)
+    fig = charts.cosine_similarity_heatmap(np.eye(16), [f"p{i}" for i in range(16)], title=title)
     lines = fig.layout.title.text.split("<br>")
     assert len(lines) >= 2 and " ".join(lines) == title          # wrapped, nothing lost
     assert fig.layout.margin.t > 100                              # and given room
-    short = viz.cosine_similarity_heatmap(np.eye(3), ["a", "b", "c"], title="Similarity")
+    short = charts.cosine_similarity_heatmap(np.eye(3), ["a", "b", "c"], title="Similarity")
     assert short.layout.title.text == "Similarity"

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .transformer import Model
+from .model import Model
 
 
 def static_decode_step(model: Model, token: torch.Tensor, pos: torch.Tensor, cache, n_keys: int) -> torch.Tensor:

@@ -158,25 +158,25 @@ def in_models(block_size: int = 64):
     flash_attention instead of PyTorch's kernel, so a whole model can be shown
     to give the same answer with tiled attention:
 
-        with labkit.flash.in_models(block_size=16):
+        with labkit.tiled_attention.in_models(block_size=16):
             gen = labkit.generate(model, "The capital of France is")
 
     (The model calls attention with its queries as the newest positions of
     the keys, prefill and decode alike: flash_attention's causal convention.)
     Recording attention (record=True) still uses the by-hand path.
     """
-    from . import transformer
+    from . import model as model_module
 
-    original = transformer.attention_fast
+    original = model_module.attention_fast
 
     def tiled(q, k, v, start):
         return flash_attention(q, k, v, block_size, causal=True)
 
-    transformer.attention_fast = tiled
+    model_module.attention_fast = tiled
     try:
         yield
     finally:
-        transformer.attention_fast = original
+        model_module.attention_fast = original
 
 
 # ----------------------------------------------------------------------------
@@ -190,10 +190,10 @@ def tiles_chart(n_queries: int, n_keys: int, block_size: int, causal: bool = Tru
     Only one tile's scores exist at any moment."""
     import plotly.graph_objects as go
 
-    from . import viz
+    from . import charts
 
     offset = n_keys - n_queries
-    kinds = {"computed": viz.BLUE, "on the diagonal (masked inside)": viz.ORANGE, "skipped (all masked)": viz.GREY}
+    kinds = {"computed": charts.BLUE, "on the diagonal (masked inside)": charts.ORANGE, "skipped (all masked)": charts.GREY}
     shapes, hover = {k: [] for k in kinds}, {k: [] for k in kinds}
     for q0 in range(0, n_queries, block_size):
         q1 = min(q0 + block_size, n_queries)
@@ -225,6 +225,6 @@ def tiles_chart(n_queries: int, n_keys: int, block_size: int, causal: bool = Tru
     held = min(block_size, n_queries) * min(block_size, n_keys)
     sub = (f"{n_queries} x {n_keys} scores = {n_queries * n_keys:,} per head; held at once: one "
            f"{min(block_size, n_queries)} x {min(block_size, n_keys)} tile = {held:,}")
-    fig.update_layout(title=viz._title(title, sub), width=900, height=620, margin=dict(t=110),
+    fig.update_layout(title=charts._title(title, sub), width=900, height=620, margin=dict(t=110),
                       legend=dict(x=1.02, y=1, xanchor="left", yanchor="top"))
-    return viz.fit_title(fig)
+    return charts.fit_title(fig)

@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from .encode import Encoding, encode
+from .encoding import Encoding, encode
 from .kv_cache import KVCache
 from .sampling import check_sampling, make_generator, sample
 

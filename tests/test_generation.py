@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import labkit
-from labkit.generate import Generation, Step
+from labkit.generation import Generation, Step
 
 ONCE = "Once upon a time"
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .transformer import ModelConfig
+from .model import ModelConfig
 
 
 def matmul_params(c: ModelConfig) -> int:

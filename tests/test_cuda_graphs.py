@@ -1,4 +1,4 @@
-"""The captured decode step (labkit.fast) against the eager path, and the byte traps.
+"""The captured decode step (labkit.cuda_graphs) against the eager path, and the byte traps.
 
 GraphDecoder runs one code structure on every device: static token and
 position buffers, K/V written with index_copy_, attention over a bucket of
@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 
 import labkit
-import labkit.transformer as transformer
+import labkit.model as transformer
 from tiny_models import tiny_hf_model
-from labkit.fast import GraphDecoder
+from labkit.cuda_graphs import GraphDecoder
 
 needs_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(),
@@ -315,7 +315,7 @@ def test_decode_reads_only_the_used_cache(monkeypatch):
 
 
 def test_static_step_reads_one_bucket(monkeypatch):
-    import labkit.fast as fast
+    import labkit.cuda_graphs as fast
 
     m = labkit.Model(tiny_hf_model("llama"))
     dec = GraphDecoder(m, max_len=200, bucket=16)

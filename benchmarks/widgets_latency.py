@@ -1,4 +1,4 @@
-"""How long the widgets keep the kernel busy, on the default model.
+"""How long the live views keep the kernel busy, on the default model.
 
 Two interactions, each repeated (default 20 times), medians reported:
 
@@ -29,7 +29,7 @@ import time
 import torch
 
 import labkit
-from labkit import widgets as W
+from labkit import views
 
 PROMPT = "The capital of France is"
 
@@ -45,10 +45,8 @@ def medians_ms(fn, reps: int) -> tuple[float, float]:
     return statistics.median(wall) * 1e3, statistics.median(cpu) * 1e3
 
 
-def measure(model, reps: int, figurewidget: bool) -> dict[str, tuple[float, float]]:
-    W.USE_FIGUREWIDGET = figurewidget
-
-    explorer = W.SamplingExplorer(model, PROMPT, method="top_p")
+def measure(model, reps: int, figure_mode: str) -> dict[str, tuple[float, float]]:
+    explorer = views.SamplingExplorer(model, PROMPT, method="top_p", figure_mode=figure_mode)
     values = iter([0.7, 1.3] * (reps + 1))       # a new value every time, or nothing would fire
 
     def slide():
@@ -57,7 +55,7 @@ def measure(model, reps: int, figurewidget: bool) -> dict[str, tuple[float, floa
     slide()                                      # warm up
     slider = medians_ms(slide, reps)
 
-    live = W.LiveGeneration(model, PROMPT, max_new_tokens=reps + 2, method="top_p")
+    live = views.LiveGeneration(model, PROMPT, max_new_tokens=reps + 2, method="top_p", figure_mode=figure_mode)
     live.step()                                  # the prefill, not counted
     step = medians_ms(live.step, reps)
     redraw = medians_ms(live._redraw, reps)      # the same redraw again, without the model
@@ -71,8 +69,8 @@ def main() -> None:
     model = labkit.load_model()
     print(f"{model!r}\ntorch threads: {torch.get_num_threads()}, repetitions: {args.reps}, "
           f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
-    rows = [("FigureWidget", measure(model, args.reps, True)),
-            ("Output fallback", measure(model, args.reps, False))]
+    rows = [("FigureWidget", measure(model, args.reps, "figurewidget")),
+            ("Output fallback", measure(model, args.reps, "display"))]
     print("median ms, wall / CPU   temperature slider     live step   of which redraw")
     for name, r in rows:
         cells = "".join(f"{r[k][0]:>9.0f} / {r[k][1]:<5.0f}" for k in ("slider", "step", "redraw"))

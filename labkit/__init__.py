@@ -16,18 +16,19 @@ widgets.py draw it.
 
 from .encoding import (Encoding, embed, encode, format_chat, learned_positions, model_rope_angles,
                      normalize, rope_angles, sinusoidal_positions, token_strings)
-from .generation import Generation, Step, decode_one_token, generate, prefill
+from .generation import Decoder, Generation, Step, decode_one_token, generate, prefill, recompute
 from .kv_cache import KVCache
 from .loading import (DEFAULT_MODEL, ModelNotAvailableError, cache_dir, default_dtype, default_gguf_file,
                      load_model)
-from .sampling import METHODS, distribution, sample
+from .sampling import METHODS, SamplingParams, distribution, sample
 from .trace import Trace, logit_lens
-from .model import SUPPORTED, Model, ModelConfig, attention_by_hand
+from .attention import attention_by_hand, causal_mask
+from .model import SUPPORTED, Model, ModelConfig
 
 __all__ = [
-    "DEFAULT_MODEL", "Encoding", "Generation", "KVCache", "METHODS", "Model", "ModelConfig",
-    "ModelNotAvailableError", "SUPPORTED", "Step", "Trace", "attention_by_hand", "cache_dir",
+    "DEFAULT_MODEL", "Decoder", "Encoding", "Generation", "KVCache", "METHODS", "Model", "ModelConfig",
+    "ModelNotAvailableError", "SUPPORTED", "SamplingParams", "Step", "Trace", "attention_by_hand", "cache_dir", "causal_mask",
     "decode_one_token", "default_dtype", "default_gguf_file", "distribution", "embed", "encode",
     "format_chat", "generate", "learned_positions", "load_model", "logit_lens", "model_rope_angles",
-    "normalize", "prefill", "rope_angles", "sample", "sinusoidal_positions", "token_strings",
+    "normalize", "prefill", "recompute", "rope_angles", "sample", "sinusoidal_positions", "token_strings",
 ]

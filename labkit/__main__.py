@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
                        top_k=a.top_k, top_p=a.top_p, seed=a.seed, chat=a.chat, system=a.system,
                        use_cache=not a.no_cache,
                        on_token=lambda piece, step: print(piece, end="", flush=True))
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, OSError) as e:      # OSError: a model that cannot be found
         print(f"\nerror: {e}", file=sys.stderr)
         return 2
     print()

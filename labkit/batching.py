@@ -20,7 +20,8 @@ Nothing runs a model here: a `CostModel` says how long a step takes
 (a fixed part plus a part per sequence and per prefilled token, fitted
 from measurements with `CostModel.from_sweep` or given as numbers), and
 the simulation adds up steps. It is deterministic: the same requests and
-costs give the same result on every machine.
+costs give the same result on every machine. charts.timeline_chart and
+charts.summary_chart draw what `compare` returns.
 
 Left out: memory limits and KV-cache paging (PagedAttention), chunked
 prefill, preemption, priorities, and the time the scheduler itself takes.
@@ -36,10 +37,6 @@ import random
 import statistics
 from dataclasses import dataclass, field
 
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
-
-from . import charts
 
 
 @dataclass(frozen=True)
@@ -258,78 +255,3 @@ def simulate(requests: list[Request], policy: str = "continuous", max_batch: int
 def compare(requests: list[Request], max_batch: int = 8, cost: CostModel | None = None) -> dict[str, BatchingResult]:
     """Both policies on the same requests and costs."""
     return {p: simulate(requests, p, max_batch, cost) for p in ("static", "continuous")}
-
-
-# ----------------------------------------------------------------------------
-# Charts (data in, figure out, as in viz)
-# ----------------------------------------------------------------------------
-
-def timeline_chart(results: dict[str, BatchingResult] | list[BatchingResult],
-                   title: str = "Static vs continuous batching: one row per request") -> go.Figure:
-    """A Gantt chart per policy: each request waits (grey), then runs (colour) from its
-    prefill to its last token; in a static batch its slot then idles (pale) until the
-    batch's longest request is done. The bottom panel shows the useful slots per step."""
-    results = list(results.values()) if isinstance(results, dict) else list(results)
-    n = len(results)
-    fig = make_subplots(rows=n + 1, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        row_heights=[1.0] * n + [0.6],
-                        subplot_titles=[f"{r.policy} batching: {r.throughput:.1f} tokens/s, "
-                                        f"mean latency {r.mean_latency_s:.2f} s" for r in results]
-                        + ["sequences producing a token in each step"])
-    colours = {"static": charts.ORANGE, "continuous": charts.BLUE}
-    for row, r in enumerate(results, start=1):
-        ids = [rec.request.id for rec in r.records]
-        waits = [rec.queue_s for rec in r.records]
-        runs = [rec.finish_s - rec.start_s for rec in r.records]
-        fig.add_trace(go.Bar(y=ids, x=waits, base=[rec.request.arrival_s for rec in r.records], orientation="h",
-                             marker_color=charts.GREY, name="waiting", showlegend=row == 1, legendgroup="wait",
-                             hovertemplate="request %{y}<br>waited %{x:.2f} s<extra></extra>"), row=row, col=1)
-        fig.add_trace(go.Bar(y=ids, x=runs, base=[rec.start_s for rec in r.records], orientation="h",
-                             marker_color=colours.get(r.policy, charts.GREEN), name=f"{r.policy}: running",
-                             customdata=[rec.request.output_len for rec in r.records],
-                             hovertemplate="request %{y}: %{customdata} tokens<br>ran %{x:.2f} s<extra></extra>"),
-                      row=row, col=1)
-        if r.policy == "static":
-            # A finished request's slot stays in the batch (as padding) until the batch's longest is done.
-            batch_end: dict[float, float] = {}
-            for rec in r.records:
-                batch_end[rec.start_s] = max(batch_end.get(rec.start_s, 0.0), rec.finish_s)
-            pad = [batch_end[rec.start_s] - rec.finish_s for rec in r.records]
-            fig.add_trace(go.Bar(y=ids, x=pad, base=[rec.finish_s for rec in r.records], orientation="h",
-                                 marker_color=colours["static"], opacity=0.3, name="static: slot kept as padding",
-                                 hovertemplate="request %{y}: done, its slot idles %{x:.2f} s<extra></extra>"),
-                          row=row, col=1)
-        fig.update_yaxes(title="request", autorange="reversed", row=row, col=1)
-        fig.add_trace(go.Scatter(x=[s.start_s for s in r.steps], y=[len(s.running) for s in r.steps],
-                                 mode="lines", line=dict(shape="hv", color=colours.get(r.policy, charts.GREEN)),
-                                 name=f"{r.policy}: busy slots", showlegend=False,
-                                 hovertemplate="t %{x:.2f} s<br>%{y} sequences<extra></extra>"),
-                      row=n + 1, col=1)
-    max_batch = max(r.max_batch for r in results)
-    fig.update_yaxes(title="busy slots", range=[0, max_batch + 0.5], row=n + 1, col=1)
-    fig.update_xaxes(title="time (s)", row=n + 1, col=1)
-    fig.update_layout(title=charts._title(title, f"max batch {max_batch}, {len(results[0].records)} requests"),
-                      barmode="overlay", bargap=0.25, width=1000, height=260 * n + 340, margin=dict(t=140),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.04, x=1, xanchor="right"))
-    return charts.fit_title(fig)
-
-
-def summary_chart(results: dict[str, BatchingResult] | list[BatchingResult],
-                  title: str = "Static vs continuous batching") -> go.Figure:
-    """Side-by-side bars: throughput, mean and p90 latency, slot utilisation."""
-    results = list(results.values()) if isinstance(results, dict) else list(results)
-    panels = [("throughput (tokens/s)", lambda r: r.throughput),
-              ("mean latency (s)", lambda r: r.mean_latency_s),
-              ("p90 latency (s)", lambda r: r.percentile(90)),
-              ("slot utilisation (%)", lambda r: 100 * r.slot_utilisation)]
-    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[0] for p in panels], horizontal_spacing=0.08)
-    colours = {"static": charts.ORANGE, "continuous": charts.BLUE}
-    for col, (name, fn) in enumerate(panels, start=1):
-        values = [fn(r) for r in results]
-        fig.add_trace(go.Bar(x=[r.policy for r in results], y=values, text=[f"{v:.3g}" for v in values],
-                             textposition="outside", cliponaxis=False, showlegend=False,
-                             marker_color=[colours.get(r.policy, charts.GREEN) for r in results],
-                             hovertemplate=f"%{{x}}<br>{name}: %{{y:.3g}}<extra></extra>"), row=1, col=col)
-        fig.update_yaxes(rangemode="tozero", range=[0, max(values) * 1.25], row=1, col=col)
-    fig.update_layout(title=charts._title(title, "same requests, same step costs"), width=1050, height=420)
-    return charts.fit_title(fig)

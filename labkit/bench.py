@@ -39,57 +39,34 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from . import costs, timing
+from .timing import median
+
 GB = 1e9
 FULL = dict(lengths=(5, 128, 512), new_tokens=32, rounds=5, nocache_tokens=4, quality_prompts=8)
 QUICK = dict(lengths=(5, 512), new_tokens=12, rounds=3, nocache_tokens=3, quality_prompts=3)
 PRECISIONS = ("fp32", "bf16", "int8", "int4")
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _times(fn, device: torch.device, repeats: int) -> list[float]:
-    """Seconds of each of `repeats` calls of fn(), after one warm-up call."""
-    fn()
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return times
-
-
 # ----------------------------------------------------------------------------
 # 1. The device
 # ----------------------------------------------------------------------------
-# The roofs come from labkit.measure (what notebook 07 shows), each the best of
-# several tries: other programs can only slow a try down, never speed it up.
+# The roofs are labkit.timing's probes (what notebook 07 shows), each the
+# fastest of several tries: other programs can only slow a try down.
 
-def measure_bandwidth(device="cpu", nbytes: int = 1 << 30, repeats: int = 7) -> dict[str, float]:
-    """Bytes per second: `read` sums an fp32 tensor (reading it once, as a
-    decode step reads its weights; labkit.measure.measure_bandwidth); `copy`
-    counts the bytes read plus written. nbytes should exceed the last-level
-    cache, or the cache is what gets measured."""
-    from .measure import measure_bandwidth as read_bandwidth
+def measure_device(device: str | torch.device, bandwidth_nbytes: int | None = None) -> tuple[dict, dict]:
+    """Memory bandwidth {"read", "copy"} (bytes/s) and matmul FLOP/s {"fp32", "bf16"}.
 
+    bandwidth_nbytes must exceed the last-level cache, or the cache is what gets
+    measured: 1 GiB on a CPU; on a GPU 4 GiB, its L2 being far smaller."""
     device = torch.device(device)
-    read = read_bandwidth(device, nbytes=nbytes, repeats=repeats)
-    x = torch.full((nbytes // 4,), 1.0, device=device)
-    y = torch.empty_like(x)
-    copy = min(_times(lambda: y.copy_(x), device, repeats))
-    del x, y
-    return {"read": read, "copy": 2 * nbytes / copy}
-
-
-def measure_flops(device="cpu", dtype=torch.float32, n: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of an n x n x n matmul: 2 n^3 FLOPs (a multiply and an add per term)."""
-    from .measure import measure_matmul_flops
-
-    return measure_matmul_flops(device, dtype, n=n, repeats=repeats)
+    nbytes = bandwidth_nbytes or ((1 << 30) if device.type == "cpu" else (4 << 30))
+    bandwidth = {"read": timing.read_bandwidth(device, nbytes, repeats=7),
+                 "copy": timing.copy_bandwidth(device, nbytes, repeats=7)}
+    n = 2048 if device.type == "cpu" else 8192
+    flops = {name: timing.matmul_flops_per_s(device, dtype, n) for name, dtype in
+             (("fp32", torch.float32), ("bf16", torch.bfloat16))}
+    return bandwidth, flops
 
 
 # ----------------------------------------------------------------------------
@@ -97,20 +74,22 @@ def measure_flops(device="cpu", dtype=torch.float32, n: int = 2048, repeats: int
 # ----------------------------------------------------------------------------
 
 @dataclass
-class Timing:
+class EngineRun:
+    """One timed greedy generation by one engine."""
+
     ttft_s: float
     tpot_s: float            # median decode step of this run
     token_ids: list[int] = field(default_factory=list)
 
 
-def run_labkit(model, ids: list[int], new_tokens: int, use_cache: bool = True) -> Timing:
+def run_labkit(model, ids: list[int], new_tokens: int, use_cache: bool = True) -> EngineRun:
     from .generation import generate
 
     gen = generate(model, ids, new_tokens, use_cache=use_cache, stop_at_eos=False)
-    return Timing(gen.ttft_s, gen.tpot_s, gen.token_ids)
+    return EngineRun(gen.ttft_s, gen.tpot_s, gen.token_ids)
 
 
-def run_transformers(model, ids: list[int], new_tokens: int) -> Timing:
+def run_transformers(model, ids: list[int], new_tokens: int) -> EngineRun:
     """transformers' own generate on the same weights, greedy, timed at each step.
 
     A logits processor is called once per generated token, right after that
@@ -122,7 +101,7 @@ def run_transformers(model, ids: list[int], new_tokens: int) -> Timing:
 
     class Clock(LogitsProcessor):
         def __call__(self, input_ids, scores):
-            _sync(device)            # on a GPU, wait for the forward pass to finish
+            timing.sync(device)      # on a GPU, wait for the forward pass to finish
             stamps.append(time.perf_counter())
             return scores
 
@@ -138,15 +117,15 @@ def run_transformers(model, ids: list[int], new_tokens: int) -> Timing:
     # (with the sampling of the token before it, as labkit's steps have too).
     ttft = stamps[0] - t0
     steps = [b - a for a, b in zip(stamps[:-1], stamps[1:])]
-    return Timing(ttft, statistics.median(steps) if steps else float("nan"), out[0, len(ids):].tolist())
+    return EngineRun(ttft, median(steps), out[0, len(ids):].tolist())
 
 
-def run_graph(decoder, ids: list[int], new_tokens: int) -> Timing:
+def run_graph(decoder, ids: list[int], new_tokens: int) -> EngineRun:
     run = decoder.greedy(ids, new_tokens, warmup=False)
-    return Timing(run.ttft_s, run.tpot_s, run.token_ids)
+    return EngineRun(run.ttft_s, run.tpot_s, run.token_ids)
 
 
-def run_llama_cpp(llm, ids: list[int], new_tokens: int) -> Timing:
+def run_llama_cpp(llm, ids: list[int], new_tokens: int) -> EngineRun:
     """llama.cpp through llama-cpp-python: eval the prompt, then one token at a time."""
     llm.reset()
     t0 = time.perf_counter()
@@ -160,7 +139,7 @@ def run_llama_cpp(llm, ids: list[int], new_tokens: int) -> Timing:
         token = llm.sample(temp=0.0)
         steps.append(time.perf_counter() - t0)
         tokens.append(token)
-    return Timing(ttft, statistics.median(steps), tokens)
+    return EngineRun(ttft, median(steps), tokens)
 
 
 def prompt_ids(model, length: int) -> list[int]:
@@ -178,11 +157,6 @@ def prompt_ids(model, length: int) -> list[int]:
 # ----------------------------------------------------------------------------
 # The report: medians, ratios, utilisation (pure arithmetic, tested)
 # ----------------------------------------------------------------------------
-
-def decode_bytes(weight_nbytes: int, kv_bytes_per_token: int, context: int) -> int:
-    """Bytes one decode step must read: every weight once and the cached K, V."""
-    return weight_nbytes + kv_bytes_per_token * context
-
 
 def build_report(measured: dict) -> dict:
     """Turn raw measurements into medians, ratios and utilisation.
@@ -204,10 +178,10 @@ def build_report(measured: dict) -> dict:
     for name, e in measured["engines"].items():
         summary[name] = {}
         for length, runs in sorted(e["runs"].items(), key=lambda kv: int(kv[0])):
-            ttft = statistics.median(r["ttft_s"] for r in runs)
-            tpot = statistics.median(r["tpot_s"] for r in runs)
+            ttft = median(r["ttft_s"] for r in runs)
+            tpot = median(r["tpot_s"] for r in runs)
             context = int(length) + new_tokens // 2      # the median step's context
-            nbytes = decode_bytes(e["weight_nbytes"], e["kv_bytes_per_token"], context)
+            nbytes = costs.forward_bytes(e["weight_nbytes"], e["kv_bytes_per_token"], context)
             row = {"engine": name, "precision": e["precision"], "length": int(length),
                    "ttft_ms": ttft * 1e3, "tpot_ms": tpot * 1e3, "tokens_per_s": 1 / tpot,
                    "bytes_per_token": nbytes, "achieved_GBps": nbytes / tpot / GB,
@@ -218,7 +192,9 @@ def build_report(measured: dict) -> dict:
             summary[name][int(length)] = row
     # A ratio is taken within each round (the two engines ran one after the other,
     # so a slow spell of a shared machine hits both), then the median over the
-    # rounds; the range shows how much the rounds disagreed.
+    # rounds; the range shows how much the rounds disagreed. A ratio is not a
+    # time, so its median is the usual one (the mean of the middle two for an
+    # even count), not labkit.timing.median.
     ratios = []
     for name, base, label in measured.get("pairs", []):
         for length in summary.get(name, {}):
@@ -233,7 +209,7 @@ def build_report(measured: dict) -> dict:
     report = {"rows": rows, "ratios": ratios}
     nc = measured.get("nocache")
     if nc:
-        with_cache, without = statistics.median(nc["cache"]), statistics.median(nc["nocache"])
+        with_cache, without = median(nc["cache"]), median(nc["nocache"])
         report["nocache"] = {"length": nc["length"], "engine": nc.get("engine", ""),
                              "cache_tpot_ms": with_cache * 1e3, "nocache_tpot_ms": without * 1e3,
                              "speedup": without / with_cache}
@@ -243,7 +219,7 @@ def build_report(measured: dict) -> dict:
 def format_report(info: dict, report: dict) -> str:
     lines = []
     bw, fl = info["bandwidth"], info["flops"]
-    lines.append(f"device: {info['device_name']}, {info['threads']} threads; torch {info['torch']}, "
+    lines.append(f"device: {info['device_name']}; torch {info['torch']}, "
                  f"transformers {info['transformers']}; load average {info['load_before']} -> {info['load_after']}")
     lines.append(f"memory bandwidth: read {bw['read'] / GB:.1f} GB/s, copy {bw['copy'] / GB:.1f} GB/s;  "
                  f"matmul: " + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in fl.items()))
@@ -321,7 +297,6 @@ def run(quick: bool = False, device: str | None = None, precisions=None, lengths
 
     from .cuda_graphs import GraphDecoder
     from .loading import default_device
-    from .quantize import PROMPTS, compare
 
     cfg = dict(QUICK if quick else FULL)
     cfg.update({k: v for k, v in dict(lengths=lengths, new_tokens=new_tokens, rounds=rounds,
@@ -335,15 +310,10 @@ def run(quick: bool = False, device: str | None = None, precisions=None, lengths
     info = {"device": device, "threads": torch.get_num_threads(), "torch": torch.__version__,
             "transformers": transformers.__version__, "quick": quick, "config": cfg, "notes": [],
             "load_before": _load(), "python": platform.python_version()}
-    info["device_name"] = (torch.cuda.get_device_name(dev) if dev.type == "cuda"
-                           else f"CPU {platform.processor() or platform.machine()} ({os.cpu_count()} cores)")
+    info["device_name"] = timing.device_name(dev)
 
     log("measuring the device ...")
-    # 1 GiB on a CPU is larger than its last-level cache; a GPU's L2 is far smaller than 4 GiB.
-    nbytes = bandwidth_nbytes or ((1 << 30) if dev.type == "cpu" else (4 << 30))
-    info["bandwidth"] = measure_bandwidth(dev, nbytes=nbytes)
-    n = 2048 if dev.type == "cpu" else 8192
-    info["flops"] = {"fp32": measure_flops(dev, torch.float32, n), "bf16": measure_flops(dev, torch.bfloat16, n)}
+    info["bandwidth"], info["flops"] = measure_device(dev, bandwidth_nbytes)
 
     engines = _load_engines(device, precisions, with_transformers, log)
     runners = {}
@@ -368,12 +338,13 @@ def run(quick: bool = False, device: str | None = None, precisions=None, lengths
     any_model = next(m for _, _, m in engines.values() if m is not None)
     prompts = {L: prompt_ids(any_model, L) for L in cfg["lengths"]}
     measured = {"bandwidth": info["bandwidth"], "flops": info["flops"], "engines": {},
-                "new_tokens": cfg["new_tokens"], "pairs": []}
+                "new_tokens": cfg["new_tokens"]}
     for name, (kind, p, m) in engines.items():
         measured["engines"][name] = {
             "precision": p, "kind": kind, "runs": {L: [] for L in cfg["lengths"]},
             "weight_nbytes": m.weight_nbytes if m is not None else _gguf_nbytes(),
-            "kv_bytes_per_token": _kv_bytes_per_token(m) if m is not None else 0}
+            "kv_bytes_per_token": costs.kv_bytes_per_token(m.config, costs.bytes_per_value(m.dtype))
+                                  if m is not None else 0}
 
     # Warm up every engine once (first calls allocate and pick kernels); a
     # graph decoder at every length, so capturing its graphs is not timed.
@@ -396,24 +367,7 @@ def run(quick: bool = False, device: str | None = None, precisions=None, lengths
         if a is not None and b is not None and a != b:
             info["notes"].append(f"greedy tokens differ between labkit fp32 and transformers fp32 at prompt {L}")
 
-    names = set(engines)
-    for p in ("fp32", "bf16", "fp16"):
-        if f"labkit {p}" in names and f"transformers {p}" in names:
-            measured["pairs"].append((f"labkit {p}", f"transformers {p}", f"labkit / transformers, {p}"))
-    ref16 = "labkit bf16" if "labkit bf16" in names else None
-    for p in ("int8", "int4"):
-        if f"labkit {p}" in names and ref16:
-            measured["pairs"].append((f"labkit {p}", ref16, f"labkit {p} / labkit bf16"))
-    for g in graph_decoders:
-        base = g.removesuffix(" graph")
-        measured["pairs"].append((g, base, f"{g} / {base} eager"))
-        hf = base.replace("labkit", "transformers")
-        if hf in names:
-            measured["pairs"].append((g, hf, f"{g} / {hf}"))
-    if "llama.cpp gguf" in names:
-        for p in ("int4", "int8"):
-            if f"labkit {p}" in names:
-                measured["pairs"].append((f"labkit {p}", "llama.cpp gguf", f"labkit {p} / llama.cpp"))
+    measured["pairs"] = _pairs(set(engines), graph_decoders)
 
     # No cache against cache at the longest prompt, in the first precision.
     L = max(cfg["lengths"])
@@ -426,24 +380,49 @@ def run(quick: bool = False, device: str | None = None, precisions=None, lengths
         nc["cache"].append(run_labkit(m, prompts[L], cfg["nocache_tokens"] + 4).tpot_s)
     measured["nocache"] = nc
 
-    # The quality cost of quantization, against fp32 (or the first float model).
-    reference = next((m for k, (kind, p, m) in engines.items() if kind == "labkit" and p == "fp32"), None) \
-        or next(m for k, (kind, p, m) in engines.items() if kind == "labkit" and p in ("bf16", "fp16"))
-    info["quality"] = []
-    for name, (kind, p, m) in engines.items():
-        if kind == "labkit" and p in ("bf16", "int8", "int4") and m is not reference:
-            log(f"quality of {name} ...")
-            q = compare(reference, m, PROMPTS[:cfg["quality_prompts"]], max_new_tokens=16)
-            info["quality"].append({"engine": name, "reference": reference.name, **asdict(q), "text": str(q)})
+    info["quality"] = _quality(engines, cfg["quality_prompts"], log)
 
     info["load_after"] = _load()
     report = build_report(measured)
     return info, report
 
 
-def _kv_bytes_per_token(model) -> int:
-    c = model.config
-    return 2 * c.n_layers * c.n_kv_heads * c.head_dim * model.dtype.itemsize
+def _pairs(names: set[str], graph_decoders) -> list[tuple[str, str, str]]:
+    """(engine, baseline, label) for each ratio the report gives."""
+    pairs = []
+    for p in ("fp32", "bf16", "fp16"):
+        if f"labkit {p}" in names and f"transformers {p}" in names:
+            pairs.append((f"labkit {p}", f"transformers {p}", f"labkit / transformers, {p}"))
+    ref16 = "labkit bf16" if "labkit bf16" in names else None
+    for p in ("int8", "int4"):
+        if f"labkit {p}" in names and ref16:
+            pairs.append((f"labkit {p}", ref16, f"labkit {p} / labkit bf16"))
+    for g in graph_decoders:
+        base = g.removesuffix(" graph")
+        pairs.append((g, base, f"{g} / {base} eager"))
+        hf = base.replace("labkit", "transformers")
+        if hf in names:
+            pairs.append((g, hf, f"{g} / {hf}"))
+    if "llama.cpp gguf" in names:
+        for p in ("int4", "int8"):
+            if f"labkit {p}" in names:
+                pairs.append((f"labkit {p}", "llama.cpp gguf", f"labkit {p} / llama.cpp"))
+    return pairs
+
+
+def _quality(engines: dict, n_prompts: int, log) -> list[dict]:
+    """The quality cost of bf16 / int8 / int4, against fp32 (or the first float model)."""
+    from .quantize import PROMPTS, measure_quality
+
+    reference = next((m for kind, p, m in engines.values() if kind == "labkit" and p == "fp32"), None) \
+        or next(m for kind, p, m in engines.values() if kind == "labkit" and p in ("bf16", "fp16"))
+    quality = []
+    for name, (kind, p, m) in engines.items():
+        if kind == "labkit" and p in ("bf16", "int8", "int4") and m is not reference:
+            log(f"quality of {name} ...")
+            q = measure_quality(reference, m, PROMPTS[:n_prompts], max_new_tokens=16)
+            quality.append({"engine": name, "reference": reference.name, **asdict(q), "text": str(q)})
+    return quality
 
 
 def _gguf_nbytes() -> int:

@@ -1,11 +1,15 @@
 """Plotly figure builders for the notebooks: data in, `go.Figure` out.
 
-Every function here is pure: it takes numbers (numpy arrays, torch tensors or
-lists) and strings, and returns a figure. Nothing here loads or runs a model,
-so a chart can be redrawn at once when a slider moves, and each builder can be
-tested with made-up data.
+Every chart builder of labkit is here, and every one is pure: it takes numbers
+(numpy arrays, torch tensors or lists), strings, or the result of a measurement
+(a TTFTSweep, a BatchingResult, ...), and returns a figure. Nothing here loads
+or runs a model, so a chart can be redrawn at once when a slider moves, and
+each builder can be tested with made-up data.
 
-What is here, in the order the data flows through a model:
+What is here, in the order the data flows through a model, then the course:
+
+    helpers      title_text (a title and its subtitle), fit_title (wrap a long
+                 one), format_bytes, the palette (BLUE, ORANGE, GREEN, RED, GREY)
 
     tokens       token_label, token_strip, token_table
     embeddings   embedding_heatmap, cosine_similarity_heatmap
@@ -16,6 +20,11 @@ What is here, in the order the data flows through a model:
     KV cache     kv_cache_chart, cache_size_comparison (and kv_cache_bytes, the formula)
     timing       timing_chart, cache_speedup_chart
     roofline     roofline_chart
+    sweeps       ttft_chart (labkit.measure.ttft_sweep), ttft_points_chart (one length
+                 at a time), batch_chart (batch_sweep)
+    optimising   precision_chart (labkit.precision), tiles_chart (tiled attention),
+                 rounds_chart (speculative decoding)
+    batching     timeline_chart, summary_chart (labkit.batching.compare)
     theme/save   lecture_theme, save_html
 
 Conventions:
@@ -33,8 +42,8 @@ Conventions:
 Importing this module registers two templates, "labkit" and "labkit_lecture",
 and makes "labkit" the default if the default is still plotly's stock one.
 
-Left out on purpose: interactive controls (see widgets.py), anything that
-needs the model, 3-D plots, and static image export (that needs kaleido and a
+Left out on purpose: interactive controls and live views (controls.py,
+views.py, dashboard.py), anything that needs the model, 3-D plots, and static image export (that needs kaleido and a
 browser; `save_html` gives an offline file instead).
 """
 
@@ -46,13 +55,22 @@ import math
 import re
 import textwrap
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.colors import sample_colorscale
 from plotly.subplots import make_subplots
+
+from . import kv_cache
+from .timing import median
+
+if TYPE_CHECKING:   # names of the results some charts draw; never imported at run time
+    from .batching import BatchingResult
+    from .measure import BatchSweep, TTFTSweep
+    from .precision import PrecisionResult
+    from .speculative import SpeculativeGeneration
 
 # Colours shared by several charts. Okabe-Ito, which stays distinguishable
 # for colour-blind readers and on washed-out projectors.
@@ -153,7 +171,7 @@ def _check_len(name: str, seq: Sequence, n: int) -> None:
         raise ValueError(f"{name} has {len(seq)} entries but the data has {n}")
 
 
-def _title(main: str, sub: str | None = None) -> str:
+def title_text(main: str, sub: str | None = None) -> str:
     """A title with an optional smaller second line (works on every plotly version)."""
     return main if not sub else f"{main}<br><sup>{sub}</sup>"
 
@@ -333,7 +351,7 @@ def token_strip(
     fig.update_xaxes(visible=False, range=[-0.2, chars_per_row + 0.2], fixedrange=True)
     fig.update_yaxes(visible=False, range=[-n_rows * (row_h + 0.3) + 0.1, 0.2], fixedrange=True)
     fig.update_layout(
-        title=_title(title, f"{n} tokens" + (_probability_key() if p is not None else "")),
+        title=title_text(title, f"{n} tokens" + (_probability_key() if p is not None else "")),
         width=int(chars_per_row * px_per_char + 60),
         height=int(n_rows * row_px * 1.3 + fs * 6),
         margin=dict(l=20, r=20, t=int(fs * 5), b=20),
@@ -366,7 +384,7 @@ def token_table(tokens: Sequence[str], ids: Sequence[int] | Any, max_rows: int =
                                   if len(ids) > shown else "")
     top, bottom = int(fs * 5), 10
     fig.update_layout(
-        title=_title("Tokens and their ids", sub),
+        title=title_text("Tokens and their ids", sub),
         height=int(top + header_px + (shown + 0.5) * (row_px + 2) + bottom),
         width=int(fs * 30),
         margin=dict(l=20, r=20, t=top, b=bottom),
@@ -406,7 +424,7 @@ def embedding_heatmap(vectors: Any, tokens: Sequence[str], max_dims: int = 64,
     fig.update_xaxes(title="embedding dimension", showgrid=False)
     sub = f"first {shown.shape[1]} of {d} dimensions" if d > shown.shape[1] else f"all {d} dimensions"
     cell = _font_size() * 1.6
-    fig.update_layout(title=_title(title, sub),
+    fig.update_layout(title=title_text(title, sub),
                       width=int(min(max(shown.shape[1] * cell * 0.6, 500) + 260, 1400)),
                       height=int(min(max(n * cell, 200) + 200, 1200)))
     return fig
@@ -465,7 +483,7 @@ def sinusoidal_heatmap(pe: Any, title: str = "Sinusoidal positional encoding") -
     ))
     fig.update_xaxes(title="dimension", showgrid=False)
     fig.update_yaxes(title="position", autorange="reversed", showgrid=False)
-    fig.update_layout(title=_title(title, f"{p} positions x {d} dimensions"),
+    fig.update_layout(title=title_text(title, f"{p} positions x {d} dimensions"),
                       **_size(900, min(max(p * 6, 300) + 200, 900)))
     return fig
 
@@ -513,7 +531,7 @@ def rope_angles_chart(angles: Any, wrap: bool = False, max_lines: int = 8,
     else:
         fig.update_yaxes(title="angle (radians)")
     shown = f"{len(pairs)} of {n_pairs} pairs shown" + (", wrapped mod 2π" if wrap else "")
-    fig.update_layout(title=_title(title, shown), legend=dict(title=dict(text="pair (ω rad/position)")),
+    fig.update_layout(title=title_text(title, shown), legend=dict(title=dict(text="pair (ω rad/position)")),
                       **_size(900, 520))
     return fig
 
@@ -558,7 +576,7 @@ def attention_heatmap(pattern: Any, q_tokens: Sequence[str], k_tokens: Sequence[
     # autorange="reversed" puts query 0 on top, like a matrix is written.
     fig.update_yaxes(title="query (token attending)", autorange="reversed",
                      **_token_axis(_labels(q_tokens), rotate=False))
-    fig.update_layout(title=_title(title, _where(layer, head) or None), **_heatmap_size(tq, tk))
+    fig.update_layout(title=title_text(title, _where(layer, head) or None), **_heatmap_size(tq, tk))
     return fig
 
 
@@ -595,7 +613,7 @@ def attention_grid(patterns: Any, tokens: Sequence[str], layer: int | None = Non
     fs = _font_size()
     panel = max(min(tk, 24) * fs * 0.9, 170)
     fig.update_layout(
-        title=_title(title, f"layer {layer}, {h} heads" if layer is not None else f"{h} heads"),
+        title=title_text(title, f"layer {layer}, {h} heads" if layer is not None else f"{h} heads"),
         coloraxis=dict(colorscale=ATTENTION_COLORSCALE, cmin=0, cmax=1, colorbar=dict(title=dict(text="weight"))),
         width=int(min(cols * panel + 300, 1500)), height=int(min(rows * panel + 260, 1600)),
         margin=dict(t=int(fs * 7)),
@@ -631,7 +649,7 @@ def attention_row(row: Any, k_tokens: Sequence[str], layer: int | None = None,
     newest = token_label(k_tokens[-1]) if n else ""
     sub = f"query {newest}, {n} keys" + (f", {where}" if where else "")
     fs = _font_size()
-    fig.update_layout(title=_title(title, sub), width=int(min(max(n * fs * 1.8, 500) + 160, 1400)),
+    fig.update_layout(title=title_text(title, sub), width=int(min(max(n * fs * 1.8, 500) + 160, 1400)),
                       height=_size(0, 480)["height"], bargap=0.15)
     return fig
 
@@ -691,7 +709,7 @@ def gqa_diagram(n_heads: int, n_kv_heads: int, head_dim: int | None = None,
                      ticktext=[f"{n_kv_heads} KV heads", f"{n_heads} query heads"], showgrid=False, zeroline=False)
     sub = f"group size {group}: each K/V head is shared by {group} query head{'s' if group > 1 else ''}{dim}"
     fs = _font_size()
-    fig.update_layout(title=_title(title or f"{kind}: {n_heads} query heads → {n_kv_heads} KV heads", sub),
+    fig.update_layout(title=title_text(title or f"{kind}: {n_heads} query heads → {n_kv_heads} KV heads", sub),
                       width=int(min(max(n_heads * fs * 3.2, 600), 860)) + 200, height=int(fs * 20),
                       plot_bgcolor="white")
     return fig
@@ -816,7 +834,7 @@ def distribution_chart(labels: Sequence[str], probs_before: Any, probs_after: An
     # The legend goes above the plot, under the title: inside the plot it would
     # hide bars or the running total, and below it collides with slanted labels.
     height = int(fs * 42)
-    fig.update_layout(title=_title(title, f"top {n} tokens, {n_cut} cut"),
+    fig.update_layout(title=title_text(title, f"top {n} tokens, {n_cut} cut"),
                       barmode="group", margin=dict(t=int(fs * 10)),
                       width=int(min(max(n * fs * 3, 500) + 260, 1500)), height=height,
                       legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0))
@@ -829,8 +847,9 @@ def distribution_chart(labels: Sequence[str], probs_before: Any, probs_after: An
 
 def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int,
                    bytes_per_value: int = 2, batch_size: int = 1) -> int:
-    """Bytes of K and V for a sequence: 2 x layers x kv_heads x head_dim x bytes x seq_len."""
-    return 2 * n_layers * n_kv_heads * head_dim * bytes_per_value * seq_len * batch_size
+    """Bytes of K and V for a sequence: 2 x layers x kv_heads x head_dim x bytes x seq_len
+    (labkit.kv_cache.bytes_per_token x seq_len)."""
+    return kv_cache.bytes_per_token(n_layers, n_kv_heads, head_dim, bytes_per_value, batch_size) * seq_len
 
 
 @_fits_title
@@ -871,7 +890,7 @@ def kv_cache_chart(steps: Any, used_bytes: Any, allocated_bytes: Any | None = No
         fig.update_xaxes(range=[-0.5, 9.5])
         fig.update_yaxes(range=[0, 1])
     fig.update_yaxes(title=f"KV cache{where} (MB)", rangemode="tozero")
-    fig.update_layout(title=_title(title + where, sub), **_size(800, 480))
+    fig.update_layout(title=title_text(title + where, sub), **_size(800, 480))
     return fig
 
 
@@ -897,7 +916,7 @@ def cache_size_comparison(n_layers: int, n_heads: int, n_kv_heads: int, head_dim
                f" x {seq_len} tokens{batch}")
     fig.update_yaxes(title="KV cache (MB)", range=[0, max(sizes) / MB * 1.2])
     fig.update_xaxes(title=f"{n_heads} query heads")
-    fig.update_layout(title=_title(title, formula), **_size(800, 520), showlegend=False)
+    fig.update_layout(title=title_text(title, formula), **_size(800, 520), showlegend=False)
     return fig
 
 
@@ -930,9 +949,8 @@ def timing_chart(step_seconds: Any, prefill_steps: int = 1,
     parts = [f"TTFT {ms[:prefill_steps].sum():.1f} ms"] if prefill_steps else []
     decode = ms[prefill_steps:]
     if len(decode):
-        # The same median as Generation.tpot_s (the upper middle value for an even
-        # count), so the line matches the number the notebook prints.
-        tpot = float(np.sort(decode)[len(decode) // 2])
+        # The same median as Generation.tpot_s, so the line matches the number the notebook prints.
+        tpot = median(decode)
         # The line spans the decode steps only: TPOT says nothing about the prefill.
         # Its label is in the legend: a label on the chart would sit on the bars.
         fig.add_trace(go.Scatter(x=[prefill_steps - 0.5, n - 0.5], y=[tpot, tpot], mode="lines",
@@ -946,7 +964,7 @@ def timing_chart(step_seconds: Any, prefill_steps: int = 1,
         fig.update_xaxes(range=[-0.5, 9.5])
         fig.update_yaxes(range=[0, 100])
     fs = _font_size()
-    fig.update_layout(title=_title(title, ", ".join(p for p in parts if p)), **_size(800, 480),
+    fig.update_layout(title=title_text(title, ", ".join(p for p in parts if p)), **_size(800, 480),
                       bargap=0.1, barmode="overlay", margin=dict(t=int(fs * 8.5)),   # room for 2 legend rows
                       legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"))
     return fig
@@ -972,7 +990,7 @@ def cache_speedup_chart(lengths: Any, with_cache_s: Any, without_cache_s: Any,
         sub = f"at {x[-1]:.0f} tokens the cache is {without[-1] / with_c[-1]:.1f}x faster"
     fig.update_xaxes(title="sequence length (tokens)")
     fig.update_yaxes(title="time (s)", rangemode="tozero")
-    fig.update_layout(title=_title(title, sub), **_size(800, 480),
+    fig.update_layout(title=title_text(title, sub), **_size(800, 480),
                       legend=dict(x=0.02, y=0.98, bgcolor="rgba(255,255,255,0.7)"))
     return fig
 
@@ -1032,7 +1050,262 @@ def roofline_chart(peak_flops: float, bandwidth_bytes_per_s: float,
     fig.update_yaxes(type="log", title="attainable FLOP/s", range=[y_lo, y_hi],
                      tickmode="array", tickvals=powers, ticktext=[_si(v) for v in powers])
     sub = f"{device_name}: peak {_si(peak_flops)}FLOP/s, memory bandwidth {_si(bandwidth_bytes_per_s)}B/s"
-    fig.update_layout(title=_title(title, sub), **_size(1000, 520))
+    fig.update_layout(title=title_text(title, sub), **_size(1000, 520))
+    return fig
+
+
+# --------------------------------------------------------------------------
+# Measurements: prefill and batch sweeps (labkit.measure)
+# --------------------------------------------------------------------------
+
+@_fits_title
+def ttft_chart(sweep: TTFTSweep, title: str = "Prefill time (TTFT) against prompt length") -> go.Figure:
+    """Left: TTFT (ms) against prompt length. Right: the same time per prompt token."""
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                        subplot_titles=("time to first token", "time per prompt token"))
+    fig.add_trace(go.Scatter(x=sweep.lengths, y=[s * 1e3 for s in sweep.seconds], mode="lines+markers",
+                             name="TTFT", line=dict(color=ORANGE),
+                             hovertemplate="%{x} tokens<br>TTFT %{y:.1f} ms<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=sweep.lengths, y=sweep.ms_per_token, mode="lines+markers",
+                             name="per prompt token", line=dict(color=BLUE),
+                             hovertemplate="%{x} tokens<br>%{y:.2f} ms per token<extra></extra>"), row=1, col=2)
+    fig.update_xaxes(title="prompt length (tokens)", rangemode="tozero")
+    fig.update_yaxes(title="TTFT (ms)", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title="ms per prompt token", rangemode="tozero", row=1, col=2)
+    fig.update_layout(title=title_text(title, f"measured on {sweep.device}, median of {sweep.repeats}"),
+                      width=1000, height=460, showlegend=False)
+    return fig
+
+
+@_fits_title
+def ttft_points_chart(ttft: dict[int, float], current: int | None = None, max_length: int | None = None,
+                      device: str = "", title: str = "Prefill time (TTFT) against prompt length") -> go.Figure:
+    """TTFT (ms) of every prompt length measured so far (`ttft`: length -> seconds), one
+    line; `current` (the length shown now) marked; the x axis runs to `max_length`.
+    For lengths measured one at a time (a slider); a whole sweep is ttft_chart's."""
+    lengths = sorted(ttft)
+    fig = go.Figure(go.Scatter(x=lengths, y=[ttft[n] * 1e3 for n in lengths], mode="lines+markers",
+                               name="measured", line=dict(color=BLUE),
+                               hovertemplate="%{x} tokens<br>TTFT %{y:.1f} ms<extra></extra>"))
+    if current in ttft:
+        fig.add_trace(go.Scatter(x=[current], y=[ttft[current] * 1e3], mode="markers", name="now",
+                                 marker=dict(color=ORANGE, size=16)))
+    fig.update_xaxes(title="prompt length (tokens)", range=[0, (max_length or max(lengths, default=1)) * 1.05])
+    fig.update_yaxes(title="time to first token (ms)", rangemode="tozero")
+    sub = f"{len(lengths)} lengths measured" + (f" on {device}" if device else "")
+    if not lengths:
+        sub = "move the slider"
+    fig.update_layout(title=title_text(title, sub), width=800, height=480, showlegend=False)
+    return fig
+
+
+@_fits_title
+def batch_chart(sweep: BatchSweep, title: str = "Batch size: prefill vs decode") -> go.Figure:
+    """Three panels against the batch size: prefill time per token (flat once
+    the device is busy), decode throughput in tokens/s (rising with the batch),
+    and the KV cache's share of the bytes each decode step reads."""
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09,
+                        subplot_titles=(f"prefill, {sweep.prompt_len} tokens each",
+                                        f"decode, {sweep.context} cached each",
+                                        "KV cache share of reads"))
+    x = [str(b) for b in sweep.batch_sizes]   # categories: evenly spaced, labelled with the batch size
+    fig.add_trace(go.Scatter(x=x, y=sweep.prefill_ms_per_token, mode="lines+markers", name="prefill",
+                             line=dict(color=ORANGE),
+                             hovertemplate="batch %{x}<br>%{y:.2f} ms per token<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=x, y=sweep.decode_tokens_per_s, mode="lines+markers", name="decode",
+                             line=dict(color=BLUE),
+                             hovertemplate="batch %{x}<br>%{y:.1f} tokens/s<extra></extra>"), row=1, col=2)
+    fig.add_trace(go.Bar(x=x, y=[100 * f for f in sweep.kv_fraction], name="KV share", marker_color=GREEN,
+                         text=[f"{100 * f:.0f}%" for f in sweep.kv_fraction], textposition="outside",
+                         cliponaxis=False,
+                         hovertemplate="batch %{x}<br>KV cache %{y:.0f}% of the bytes<extra></extra>"),
+                  row=1, col=3)
+    fig.update_xaxes(title="batch size", type="category")
+    fig.update_yaxes(title="prefill time per token (ms)", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title="decode throughput (tokens/s)", rangemode="tozero", row=1, col=2)
+    fig.update_yaxes(title="KV cache / all bytes read (%)", range=[0, 110], row=1, col=3)
+    fig.update_layout(title=title_text(title, f"measured on {sweep.device}, median of {sweep.repeats}"),
+                      width=1050, height=460, showlegend=False)
+    return fig
+
+
+# --------------------------------------------------------------------------
+# Optimisations: precision, tiled attention, speculative decoding
+# --------------------------------------------------------------------------
+
+@_fits_title
+def precision_chart(results: list[PrecisionResult],
+                    title: str = "Lower precision: bytes, speed and quality") -> go.Figure:
+    """Three panels, one bar per model: weight bytes (MB), time per output token (ms),
+    and mean KL divergence from the reference (nats; 0 = the same distribution)."""
+    names = [r.name for r in results]
+    panels = [("weights read per token (MB)", [r.weight_nbytes / 1e6 for r in results], "{:.0f}"),
+              ("time per output token (ms)", [r.tpot_s * 1e3 for r in results], "{:.1f}"),
+              ("KL from the reference (nats)", [r.kl_mean for r in results], "{:.2g}")]
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[p[0] for p in panels], horizontal_spacing=0.09)
+    colours = [PALETTE[i % len(PALETTE)] for i in range(len(results))]
+    for col, (label, values, fmt) in enumerate(panels, start=1):
+        fig.add_trace(go.Bar(x=names, y=values, marker_color=colours, showlegend=False,
+                             text=[fmt.format(v) for v in values], textposition="outside", cliponaxis=False,
+                             hovertemplate=f"%{{x}}<br>{label}: %{{y:.4g}}<extra></extra>"), row=1, col=col)
+        fig.update_yaxes(rangemode="tozero", range=[0, max(values + [1e-9]) * 1.25], row=1, col=col)
+    agree = ", ".join(f"{r.name}: top-1 agreement {r.quality.top1_agreement:.0%}"
+                      for r in results if r.quality)
+    sub = f"measured on {results[0].device}" + (f"; {agree}" if agree else "")
+    fig.update_layout(title=title_text(title, sub), width=1050, height=460)
+    return fig
+
+
+@_fits_title
+def tiles_chart(n_queries: int, n_keys: int, block_size: int, causal: bool = True,
+                title: str = "FlashAttention's tiles") -> go.Figure:
+    """The (queries x keys) score matrix cut into block_size tiles: computed in
+    full, computed with the causal mask inside (on the diagonal), or skipped.
+    Only one tile's scores exist at any moment."""
+    offset = n_keys - n_queries
+    kinds = {"computed": BLUE, "on the diagonal (masked inside)": ORANGE, "skipped (all masked)": GREY}
+    shapes, hover = {k: [] for k in kinds}, {k: [] for k in kinds}
+    for q0 in range(0, n_queries, block_size):
+        q1 = min(q0 + block_size, n_queries)
+        for k0 in range(0, n_keys, block_size):
+            k1 = min(k0 + block_size, n_keys)
+            if causal and k0 > offset + q1 - 1:
+                kind = "skipped (all masked)"
+            elif causal and k1 - 1 > offset + q0:
+                kind = "on the diagonal (masked inside)"
+            else:
+                kind = "computed"
+            shapes[kind].append((k0, k1, q0, q1))
+            hover[kind].append(f"queries {q0}-{q1 - 1}, keys {k0}-{k1 - 1}<br>{kind}")
+    fig = go.Figure()
+    for kind, colour in kinds.items():
+        xs, ys = [], []
+        for k0, k1, q0, q1 in shapes[kind]:
+            xs += [k0, k1, k1, k0, k0, None]
+            ys += [q0, q0, q1, q1, q0, None]
+        fig.add_trace(go.Scatter(x=xs or [None], y=ys or [None], fill="toself", mode="lines", fillcolor=colour,
+                                 line=dict(color="white", width=2), name=f"{kind}: {len(shapes[kind])}",
+                                 hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=[(a + b) / 2 for a, b, _, _ in shapes[kind]],
+                                 y=[(c + d) / 2 for _, _, c, d in shapes[kind]], mode="markers",
+                                 marker=dict(size=1, opacity=0), hovertext=hover[kind], hoverinfo="text",
+                                 showlegend=False))
+    fig.update_xaxes(title="key position", range=[0, n_keys], constrain="domain")
+    fig.update_yaxes(title="query position", range=[n_queries, 0], scaleanchor="x", scaleratio=1)
+    held = min(block_size, n_queries) * min(block_size, n_keys)
+    sub = (f"{n_queries} x {n_keys} scores = {n_queries * n_keys:,} per head; held at once: one "
+           f"{min(block_size, n_queries)} x {min(block_size, n_keys)} tile = {held:,}")
+    fig.update_layout(title=title_text(title, sub), width=900, height=620, margin=dict(t=110),
+                      legend=dict(x=1.02, y=1, xanchor="left", yanchor="top"))
+    return fig
+
+
+@_fits_title
+def rounds_chart(gen: SpeculativeGeneration, tokenizer=None,
+                 title: str = "Speculative decoding: what each forward pass produced") -> go.Figure:
+    """One stacked bar per forward pass: draft tokens accepted (green), the
+    model's own token (blue), draft tokens rejected (grey, below zero).
+    With a tokenizer, hovering shows the tokens."""
+    def words(ids):
+        return "".join(token_label(t) for t in tokenizer.convert_ids_to_tokens(ids)) if tokenizer and ids else ""
+
+    x = list(range(len(gen.rounds)))
+    accepted = [r.accepted for r in gen.rounds]
+    own = [len(r.token_ids) - r.accepted for r in gen.rounds]
+    rejected = [-len(r.rejected) for r in gen.rounds]
+    kept_text = [words(r.token_ids) for r in gen.rounds]
+    fig = go.Figure([
+        go.Bar(x=x, y=accepted, name="draft accepted", marker_color=GREEN, customdata=kept_text,
+               hovertemplate="pass %{x}: %{y} draft tokens accepted<br>%{customdata}<extra></extra>"),
+        go.Bar(x=x, y=own, name="the model's own token", marker_color=BLUE, customdata=kept_text,
+               hovertemplate="pass %{x}: + the model's token<br>%{customdata}<extra></extra>"),
+        go.Bar(x=x, y=rejected, name="draft rejected (rolled back)", marker_color=GREY,
+               customdata=[words(r.rejected) for r in gen.rounds],
+               hovertemplate="pass %{x}: %{y} rejected<br>%{customdata}<extra></extra>"),
+    ])
+    fig.update_xaxes(title="forward pass (0 = prefill)")
+    fig.update_yaxes(title="tokens (rejected below 0)")
+    sub = (f"{len(gen.token_ids)} tokens in {gen.forward_passes} passes "
+           f"({gen.tokens_per_pass:.2f} per pass); accepted {gen.accepted} of {gen.drafted} drafted")
+    fig.update_layout(title=title_text(title, sub), barmode="relative", width=900, height=440,
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"))
+    return fig
+
+
+# --------------------------------------------------------------------------
+# Serving many users: static vs continuous batching (labkit.batching)
+# --------------------------------------------------------------------------
+
+@_fits_title
+def timeline_chart(results: dict[str, BatchingResult] | list[BatchingResult],
+                   title: str = "Static vs continuous batching: one row per request") -> go.Figure:
+    """A Gantt chart per policy: each request waits (grey), then runs (colour) from its
+    prefill to its last token; in a static batch its slot then idles (pale) until the
+    batch's longest request is done. The bottom panel shows the useful slots per step."""
+    results = list(results.values()) if isinstance(results, dict) else list(results)
+    n = len(results)
+    fig = make_subplots(rows=n + 1, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                        row_heights=[1.0] * n + [0.6],
+                        subplot_titles=[f"{r.policy} batching: {r.throughput:.1f} tokens/s, "
+                                        f"mean latency {r.mean_latency_s:.2f} s" for r in results]
+                        + ["sequences producing a token in each step"])
+    colours = {"static": ORANGE, "continuous": BLUE}
+    for row, r in enumerate(results, start=1):
+        ids = [rec.request.id for rec in r.records]
+        waits = [rec.queue_s for rec in r.records]
+        runs = [rec.finish_s - rec.start_s for rec in r.records]
+        fig.add_trace(go.Bar(y=ids, x=waits, base=[rec.request.arrival_s for rec in r.records], orientation="h",
+                             marker_color=GREY, name="waiting", showlegend=row == 1, legendgroup="wait",
+                             hovertemplate="request %{y}<br>waited %{x:.2f} s<extra></extra>"), row=row, col=1)
+        fig.add_trace(go.Bar(y=ids, x=runs, base=[rec.start_s for rec in r.records], orientation="h",
+                             marker_color=colours.get(r.policy, GREEN), name=f"{r.policy}: running",
+                             customdata=[rec.request.output_len for rec in r.records],
+                             hovertemplate="request %{y}: %{customdata} tokens<br>ran %{x:.2f} s<extra></extra>"),
+                      row=row, col=1)
+        if r.policy == "static":
+            # A finished request's slot stays in the batch (as padding) until the batch's longest is done.
+            batch_end: dict[float, float] = {}
+            for rec in r.records:
+                batch_end[rec.start_s] = max(batch_end.get(rec.start_s, 0.0), rec.finish_s)
+            pad = [batch_end[rec.start_s] - rec.finish_s for rec in r.records]
+            fig.add_trace(go.Bar(y=ids, x=pad, base=[rec.finish_s for rec in r.records], orientation="h",
+                                 marker_color=colours["static"], opacity=0.3, name="static: slot kept as padding",
+                                 hovertemplate="request %{y}: done, its slot idles %{x:.2f} s<extra></extra>"),
+                          row=row, col=1)
+        fig.update_yaxes(title="request", autorange="reversed", row=row, col=1)
+        fig.add_trace(go.Scatter(x=[s.start_s for s in r.steps], y=[len(s.running) for s in r.steps],
+                                 mode="lines", line=dict(shape="hv", color=colours.get(r.policy, GREEN)),
+                                 name=f"{r.policy}: busy slots", showlegend=False,
+                                 hovertemplate="t %{x:.2f} s<br>%{y} sequences<extra></extra>"),
+                      row=n + 1, col=1)
+    max_batch = max(r.max_batch for r in results)
+    fig.update_yaxes(title="busy slots", range=[0, max_batch + 0.5], row=n + 1, col=1)
+    fig.update_xaxes(title="time (s)", row=n + 1, col=1)
+    fig.update_layout(title=title_text(title, f"max batch {max_batch}, {len(results[0].records)} requests"),
+                      barmode="overlay", bargap=0.25, width=1000, height=260 * n + 340, margin=dict(t=140),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.04, x=1, xanchor="right"))
+    return fig
+
+
+@_fits_title
+def summary_chart(results: dict[str, BatchingResult] | list[BatchingResult],
+                  title: str = "Static vs continuous batching") -> go.Figure:
+    """Side-by-side bars: throughput, mean and p90 latency, slot utilisation."""
+    results = list(results.values()) if isinstance(results, dict) else list(results)
+    panels = [("throughput (tokens/s)", lambda r: r.throughput),
+              ("mean latency (s)", lambda r: r.mean_latency_s),
+              ("p90 latency (s)", lambda r: r.percentile(90)),
+              ("slot utilisation (%)", lambda r: 100 * r.slot_utilisation)]
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[0] for p in panels], horizontal_spacing=0.08)
+    colours = {"static": ORANGE, "continuous": BLUE}
+    for col, (name, fn) in enumerate(panels, start=1):
+        values = [fn(r) for r in results]
+        fig.add_trace(go.Bar(x=[r.policy for r in results], y=values, text=[f"{v:.3g}" for v in values],
+                             textposition="outside", cliponaxis=False, showlegend=False,
+                             marker_color=[colours.get(r.policy, GREEN) for r in results],
+                             hovertemplate=f"%{{x}}<br>{name}: %{{y:.3g}}<extra></extra>"), row=1, col=col)
+        fig.update_yaxes(rangemode="tozero", range=[0, max(values) * 1.25], row=1, col=col)
+    fig.update_layout(title=title_text(title, "same requests, same step costs"), width=1050, height=420)
     return fig
 
 

@@ -9,7 +9,11 @@ These are the formulas behind the roofline argument of notebooks 04 and 07:
 
 so prefill does ~T times more arithmetic per byte read (compute-bound) while
 a decode step does 2 FLOPs per 4-byte fp32 weight, 0.5 FLOP per byte: far
-below any machine's ridge point (memory-bandwidth-bound).
+below any machine's ridge point (memory-bandwidth-bound). The bytes side:
+
+    bytes_per_value(dtype)        4 for fp32, 2 for bf16, 1 for int8
+    kv_bytes_per_token(config)    what the KV cache grows by (labkit.kv_cache.bytes_per_token)
+    forward_bytes                 every weight once + the K and V read and written
 
 Counted: every matmul of the blocks (projections, attention scores and
 weighted sum, MLP) and the LM head. Left out, because they are small next to
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import kv_cache
 from .model import ModelConfig
 
 
@@ -50,17 +55,22 @@ def forward_flops(c: ModelConfig, n_tokens: int, n_cached: int = 0, last_only: b
     return per_token_blocks * n_tokens + attention + 2 * d * c.vocab_size * head_tokens
 
 
-def kv_bytes_per_token(c: ModelConfig, bytes_per_value: int = 2) -> int:
-    """2 (K and V) x layers x kv_heads x head_size x bytes per value."""
-    return 2 * c.n_layers * c.n_kv_heads * c.head_dim * bytes_per_value
+def bytes_per_value(dtype: torch.dtype) -> int:
+    """Bytes one number takes in `dtype`: 4 for fp32, 2 for bf16 / fp16, 1 for int8."""
+    return dtype.itemsize
 
 
-def forward_bytes(c: ModelConfig, weight_bytes: int, n_tokens: int, n_cached: int = 0,
-                  bytes_per_value: int = 4, batch_size: int = 1) -> int:
+def kv_bytes_per_token(c: ModelConfig, bytes_per_value: int = 2, batch_size: int = 1) -> int:
+    """2 (K and V) x layers x kv_heads x head_size x bytes per value (x batch):
+    labkit.kv_cache.bytes_per_token for this configuration's shapes."""
+    return kv_cache.bytes_per_token(c.n_layers, c.n_kv_heads, c.head_dim, bytes_per_value, batch_size)
+
+
+def forward_bytes(weight_nbytes: int, kv_bytes_per_token: int, n_positions: int, batch_size: int = 1) -> int:
     """Bytes a forward pass must move at least: every weight once (shared by the
-    batch), each sequence's cached K/V read, the new K/V written."""
-    kv = kv_bytes_per_token(c, bytes_per_value) * (n_cached + n_tokens) * batch_size
-    return weight_bytes + kv
+    batch), and for each sequence the K and V of its n_positions positions
+    (the cached ones read, the new ones written)."""
+    return weight_nbytes + kv_bytes_per_token * n_positions * batch_size
 
 
 @dataclass
@@ -75,15 +85,15 @@ class Workload:
         return self.flops / self.bytes
 
 
-def _cache_value_bytes(model) -> int:
+def _model_kv_bytes_per_token(model) -> int:
     """The KV cache is kept in the model's activation dtype (also for a quantized model)."""
-    return torch.empty((), dtype=model.dtype).element_size()
+    return kv_bytes_per_token(model.config, bytes_per_value(model.dtype))
 
 
 def prefill_workload(model, n_tokens: int, batch_size: int = 1) -> Workload:
     c = model.config
     flops = forward_flops(c, n_tokens, last_only=True) * batch_size
-    nbytes = forward_bytes(c, model.weight_nbytes, n_tokens, 0, _cache_value_bytes(model), batch_size)
+    nbytes = forward_bytes(model.weight_nbytes, _model_kv_bytes_per_token(model), n_tokens, batch_size)
     return Workload(f"prefill {n_tokens} tokens" + (f" x {batch_size}" if batch_size > 1 else ""),
                     flops, nbytes)
 
@@ -91,7 +101,7 @@ def prefill_workload(model, n_tokens: int, batch_size: int = 1) -> Workload:
 def decode_workload(model, n_cached: int, batch_size: int = 1) -> Workload:
     c = model.config
     flops = forward_flops(c, 1, n_cached) * batch_size
-    nbytes = forward_bytes(c, model.weight_nbytes, 1, n_cached, _cache_value_bytes(model), batch_size)
+    nbytes = forward_bytes(model.weight_nbytes, _model_kv_bytes_per_token(model), n_cached + 1, batch_size)
     return Workload("decode step" + (f" x {batch_size}" if batch_size > 1 else ""), flops, nbytes)
 
 

@@ -12,10 +12,11 @@ ways (the blocks themselves are the same code, `Model.run_blocks`):
   frozen into the graph);
 - the new K and V are written into the preallocated KVCache with
   `index_copy_` at that position tensor;
-- attention reads a fixed number of cache slots, `n_keys`, rounded up from
-  the used length to a multiple of `bucket`, and masks the slots past the
-  position. One graph is captured per bucket, so a step reads at most
-  `bucket - 1` unused slots rather than the whole preallocated cache.
+- attention (labkit.attention's SDPA path) reads a fixed number of cache
+  slots, `n_keys`, rounded up from the used length to a multiple of
+  `bucket`, and its causal mask hides the slots past the position. One
+  graph is captured per bucket, so a step reads at most `bucket - 1`
+  unused slots rather than the whole preallocated cache.
 
 On the CPU there is no graph to capture: `GraphDecoder` runs the same step
 eagerly (launch overhead is small there), which is what the tests check
@@ -33,31 +34,27 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
+from .attention import attention_sdpa, causal_mask
 from .model import Model
+from .timing import median, sync
 
 
 def static_decode_step(model: Model, token: torch.Tensor, pos: torch.Tensor, cache, n_keys: int) -> torch.Tensor:
     """Logits (1, 1, vocab) of one token (1, 1) at position pos (1,), attending
     over cache slots 0..n_keys-1 of which 0..pos are valid. Writes K, V at pos.
     Does not change cache.length (the caller does)."""
-    slots = torch.arange(n_keys, device=pos.device)
-    visible = (slots <= pos)[None, :]                        # (1, n_keys): later slots may hold stale K, V
+    # Slots past pos may hold stale K, V: the causal mask of a query at position
+    # pos hides them. pos is a tensor, so a captured graph replays at any position.
+    visible = causal_mask(1, n_keys, pos, pos.device)        # (1, n_keys)
 
-    def attend(i, q, k, v):
+    def attend_layer(i, q, k, v):
         cache.k[i].index_copy_(2, pos, k)                    # (B, kv, max_len, hs) <- (B, kv, 1, hs)
         cache.v[i].index_copy_(2, pos, v)
-        keys, values = cache.k[i, :, :, :n_keys], cache.v[i, :, :, :n_keys]
-        B, n_heads, _, hs = q.shape
-        n_kv = keys.shape[1]
-        # As in attention_fast: the query heads of a group share one KV head
-        # by sitting on the query axis, so K and V are never repeated.
-        q = q.view(B, n_kv, n_heads // n_kv, hs)             # (B, kv, g, hs)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible)
-        return out.reshape(B, 1, n_heads * hs)
+        keys, values = cache.k[i, :, :, :n_keys], cache.v[i, :, :, :n_keys]   # (B, kv, n_keys, hs)
+        return attention_sdpa(q, keys, values, start=pos, mask=visible)     # (B, heads, 1, hs)
 
-    return model.run_blocks(token, pos, attend)
+    return model.run_blocks(token, pos, attend_layer)
 
 
 @dataclass
@@ -68,8 +65,7 @@ class GreedyRun:
 
     @property
     def tpot_s(self) -> float:
-        s = sorted(self.step_seconds)
-        return s[len(s) // 2] if s else float("nan")
+        return median(self.step_seconds)
 
 
 class GraphDecoder:
@@ -150,17 +146,17 @@ class GraphDecoder:
         ids = torch.as_tensor(ids, device=self.model.device).flatten()
         if warmup:
             self.greedy(ids, max_new_tokens, warmup=False)
-        sync = torch.cuda.synchronize if self.model.device.type == "cuda" else (lambda: None)
-        sync()
+        device = self.model.device
+        sync(device)
         t0 = time.perf_counter()
         token = self.prefill(ids).argmax()
-        sync()
+        sync(device)
         run = GreedyRun([], time.perf_counter() - t0)
         tokens = [token]
         for _ in range(max_new_tokens - 1):
             t0 = time.perf_counter()
             token = self.step(token).argmax()
-            sync()
+            sync(device)
             run.step_seconds.append(time.perf_counter() - t0)
             tokens.append(token)
         run.token_ids = [int(t) for t in tokens]

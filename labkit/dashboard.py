@@ -12,13 +12,13 @@ What is on the screen (two columns of charts, side by side from 1280 pixels wide
     the distribution the last token was drawn  | KV cache growth
       from (taller: it has a legend and labels)| time per step (prefill = TTFT, decode = TPOT)
 
-It is built from labkit.widgets.LiveGeneration (controls, buttons, tokens,
+It is built from labkit.views.LiveGeneration (controls, buttons, tokens,
 distribution, attention row, cache chart), laid out for a projector, plus
 what a lecture adds: a prompt box and the timing chart (charts.timing_chart:
 the prefill bar is TTFT, the median decode bar is TPOT). Every chart is
-changed in place after each step (see labkit.widgets on how; under Voila
-each is re-rendered instead, see PageFigure), at a fixed size, so the page
-does not jump while the tokens stream in.
+redrawn after each step, at a fixed size, so the page does not jump while the
+tokens stream in: changed in place in JupyterLab, re-rendered under Voila and
+Colab (labkit.jupyter.FigureBox explains the three ways and why).
 
 A new prompt, a change of the chat box or of max new tokens starts again
 from the prompt (nothing runs until step or run is pressed).
@@ -30,16 +30,15 @@ than a lecture pause; pass it in), and editing the system prompt.
 from __future__ import annotations
 
 import html
-import json
-import os
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
-import plotly.io as pio
 
 from . import charts
-from . import widgets as W
-from .widgets import FigureBox, LiveGeneration, View, _slider_style, _visible
+from .controls import slider_style
+from .jupyter import View
+from .timing import median
+from .views import LiveGeneration
 
 # Chart sizes that put the two columns side by side on a 1280-pixel-wide screen
 # (a laptop on a projector); on a narrower one the columns stack, and browser
@@ -49,52 +48,6 @@ CHART_HEIGHT = 320
 TALL = 1.5
 
 
-def in_voila() -> bool:
-    """True in a kernel that Voila started (it sets these variables for its kernels)."""
-    return any(k in os.environ for k in ("VOILA_BASE_URL", "VOILA_SERVER_URL", "VOILA_APP_PORT"))
-
-
-class PageFigure:
-    """A chart that is redrawn by replacing the outputs of an ipywidgets.Output.
-
-    The same interface as labkit.widgets.FigureBox (figure, widget, update, width,
-    height). Why it exists: under Voila 0.5 a plotly FigureWidget does not apply
-    the updates sent after the page has loaded, and `with output: display(fig)`
-    called from a job on the event loop (the run button's steps) reaches no
-    output area; setting `Output.outputs` is plain widget state and arrives
-    either way. The cost is a full re-render of the chart per update.
-    """
-
-    def __init__(self, fig: go.Figure, width: int | None = None, height: int | None = None):
-        self.width, self.height = width, height
-        self.view = widgets.Output()
-        self.live = False
-        self.widget = widgets.Box([self.view])
-        self.update(fig)
-
-    def update(self, fig: go.Figure) -> None:
-        if self.width or self.height:
-            fig.update_layout(width=self.width or fig.layout.width, height=self.height or fig.layout.height)
-        self.figure = fig
-        self.widget.layout.min_height = f"{int(self.height or fig.layout.height or 450)}px"
-        self.view.outputs = ({"output_type": "display_data", "metadata": {}, "data": {
-            "application/vnd.plotly.v1+json": json.loads(pio.to_json(fig)),
-            "text/plain": f"<Figure: {fig.layout.title.text or ''}>"}},)
-
-
-class _Live(LiveGeneration):
-    """LiveGeneration that tells the dashboard after every redraw."""
-
-    def __init__(self, *args, on_redraw=None, **kwargs):
-        self.on_redraw = on_redraw
-        super().__init__(*args, **kwargs)
-
-    def _redraw(self) -> None:
-        super()._redraw()
-        if self.on_redraw:
-            self.on_redraw()
-
-
 class Dashboard(View):
     """One screen for a live lecture: prompt, sampling controls, step / run / reset,
     streaming tokens, the distribution, the attention row, cache growth, TTFT / TPOT.
@@ -102,9 +55,10 @@ class Dashboard(View):
     model: a labkit.Model (any device); the other arguments are the starting values.
     `live` is the LiveGeneration doing the work; step(), run(n), reset() and
     set_prompt(text) drive it from code, as the buttons and the box do.
-    figure_widgets: draw with plotly FigureWidgets (smooth in-place updates in
-    JupyterLab) or with PageFigure; None: FigureWidgets unless running under
-    Voila (see PageFigure) or labkit.widgets.USE_FIGUREWIDGET is off.
+    figure_mode: how every chart is drawn, one of labkit.jupyter.FIGURE_MODES
+    ("figurewidget": changed in place, for JupyterLab; "outputs": re-rendered as
+    widget state, for Voila; "display": re-displayed, for Colab); None picks the
+    one for where the kernel runs.
     Other keywords go to LiveGeneration: starting control values (temperature=,
     top_p=, ...) and regenerate=True (moving a sampling control re-generates
     the tokens so far with the new setting).
@@ -113,10 +67,10 @@ class Dashboard(View):
     def __init__(self, model, prompt: str = "The capital of France is", max_new_tokens: int = 24,
                  method: str = "greedy", chat: bool = False, seed: int = 0,
                  chart_width: int = CHART_WIDTH, chart_height: int = CHART_HEIGHT,
-                 figure_widgets: bool | None = None, **control_values):
-        super().__init__()
+                 figure_mode: str | None = None, **control_values):
+        super().__init__(figure_mode=figure_mode)
         self.model = model
-        style = _slider_style()
+        style = slider_style()
         self.prompt = widgets.Textarea(value=prompt, description="prompt", continuous_update=False,
                                        placeholder="type a prompt, then click outside the box",
                                        layout=widgets.Layout(flex="1 1 auto", height="4.2em"), style=style)
@@ -124,24 +78,13 @@ class Dashboard(View):
                                      layout=widgets.Layout(width="auto", margin="0 2em 0 0"))
         self.max_tokens = widgets.IntSlider(value=max_new_tokens, min=1, max=128, description="max new tokens",
                                             continuous_update=False, style=style)
-        if figure_widgets is None:
-            figure_widgets = W.USE_FIGUREWIDGET and not in_voila()
-        # Without FigureWidgets, build the live view without them too (none is left unshown).
-        use_before, W.USE_FIGUREWIDGET = W.USE_FIGUREWIDGET, W.USE_FIGUREWIDGET and figure_widgets
-        try:
-            self.live = _Live(model, prompt, max_new_tokens=max_new_tokens, method=method, seed=seed,
-                              chat=chat, on_redraw=self._redraw_timing, **control_values)
-        finally:
-            W.USE_FIGUREWIDGET = use_before
-        live = self.live
+        self.live = live = LiveGeneration(model, prompt, max_new_tokens=max_new_tokens, method=method,
+                                          seed=seed, chat=chat, figure_mode=self.figure_mode,
+                                          on_redraw=self._redraw_timing, **control_values)
         self.controls, self.selectors = live.controls, live.selectors
         self.timing = widgets.HTML()
-        if not figure_widgets:
-            # The live view looks its charts up by name at every redraw, so swapping them is enough.
-            for name, box in live.boxes.items():
-                live.boxes[name] = PageFigure(box.figure)
-        self.boxes = dict(live.boxes)
-        self.boxes["timing"] = (FigureBox if figure_widgets else PageFigure)(self._timing_figure())
+        self.boxes = dict(live.boxes)     # the same boxes: the live view redraws them, the page shows them
+        self.add_box("timing", self._timing_figure())
         # Smaller charts, so that two columns fit side by side; the boxes keep this
         # size at every update, so the page does not jump while tokens stream in.
         for name, box in self.boxes.items():
@@ -150,14 +93,16 @@ class Dashboard(View):
                 # The token strip keeps its own height (rows for max_new_tokens tokens):
                 # a taller figure would stretch the boxes, not add rows.
                 height = int(box.figure.layout.height)
-            box.width, box.height = chart_width, height
-            box.widget.layout.min_height = f"{height}px"
-            box.widget.layout.width = f"{chart_width + 10}px"
-            box.update(box.figure)
+            box.resize(chart_width, height)
         self._redraw_timing()
 
         for w in (self.prompt, self.chat, self.max_tokens):
             w.observe(lambda _: self._redraw_later(self._prompt_changed, "prompt"), names="value")
+        self.widget = self._page(chart_width)
+
+    def _page(self, chart_width: int) -> widgets.VBox:
+        """The layout: the header (prompt, buttons), controls beside the readout, two columns of charts."""
+        live = self.live
         buttons = widgets.HBox([live.step_button, live.run_button, live.reset_button])
         header = widgets.HBox([self.prompt, widgets.VBox([widgets.HBox([self.chat, self.max_tokens]), buttons])],
                               layout=widgets.Layout(width="100%", align_items="center"))
@@ -165,13 +110,13 @@ class Dashboard(View):
                                layout=widgets.Layout(flex="1 1 400px", margin="0 0 0 2em"))
         b = self.boxes
         column = widgets.Layout(width=f"{chart_width + 20}px")
-        charts = widgets.HBox(
+        columns = widgets.HBox(
             [widgets.VBox([b["tokens"].widget, b["distribution"].widget], layout=column),
              widgets.VBox([self.selectors.widget, b["attention"].widget, b["cache"].widget,
                            b["timing"].widget], layout=column)],
             layout=widgets.Layout(flex_flow="row wrap", align_items="flex-start"))
-        self.widget = widgets.VBox([header, widgets.HBox([live.controls.widget, readout]), self.error, live.error,
-                                    charts])
+        return widgets.VBox([header, widgets.HBox([live.controls.widget, readout]), self.error, live.error,
+                             columns])
 
     # -- driving it from code ---------------------------------------------------
 
@@ -210,8 +155,7 @@ class Dashboard(View):
     @property
     def tpot_s(self) -> float:
         """Median decode step, as labkit.Generation.tpot_s."""
-        decode = sorted(self.live.seconds[1:])
-        return decode[len(decode) // 2] if decode else float("nan")
+        return median(self.live.seconds[1:])
 
     # -- reacting ---------------------------------------------------------------
 
@@ -236,7 +180,7 @@ class Dashboard(View):
         if live.cache_bytes:
             parts.append(f"KV cache {live.cache.length} positions = {charts.format_bytes(live.cache_bytes[-1])}")
         if live.token_ids:
-            parts.append(f"last token <b>{html.escape(_visible(live.tokens[-1]))}</b> "
+            parts.append(f"last token <b>{html.escape(charts.token_label(live.tokens[-1]))}</b> "
                          f"(p = {live.probs[-1]:.2f})")
         self.timing.value = " · ".join(parts)
         if "timing" in self.boxes:

@@ -17,6 +17,14 @@ from __future__ import annotations
 import torch
 
 
+def bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, bytes_per_value: int,
+                    batch_size: int = 1) -> int:
+    """What the cache grows by per token: 2 (K and V) x layers x batch x kv_heads
+    x head_size x bytes per value. The one home of this formula (labkit.costs and
+    the charts call it): a cache's size follows from its shapes, nothing else."""
+    return 2 * n_layers * batch_size * n_kv_heads * head_dim * bytes_per_value
+
+
 class KVCache:
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, max_len: int, *,
                  batch_size: int = 1, dtype: torch.dtype = torch.float32,
@@ -80,9 +88,9 @@ class KVCache:
 
     @property
     def bytes_per_token(self) -> int:
-        """2 (K and V) x layers x batch x kv_heads x head_size x bytes per value."""
+        """Bytes one more position takes: the module's bytes_per_token for this cache's shapes."""
         n_layers, batch, kv_heads, _, head_dim = self.k.shape
-        return 2 * n_layers * batch * kv_heads * head_dim * self.k.element_size()
+        return bytes_per_token(n_layers, kv_heads, head_dim, self.k.element_size(), batch)
 
     @property
     def nbytes(self) -> int:

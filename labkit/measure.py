@@ -1,20 +1,15 @@
-"""Timing on the machine that runs the notebook: the numbers of notebooks 06 and 07.
+"""Sweeps timed on the machine that runs the notebook: the numbers of notebooks 06 and 07.
 
-    from labkit import measure
-    measure.device_label(model)        # 'cpu (Intel Xeon, 2 threads), torch.float32'
+    from labkit import measure, timing
+    timing.device_label(model)         # 'cpu (Intel Xeon, 2 threads), torch.float32'
     s = measure.cache_speedup(model, ids, lengths=[16, 64, 256])
     s.with_cache_s, s.without_cache_s, s.speedup, s.same_token
 
-Every measurement here
-- runs on the model's device (`model.device`: CPU or GPU, never hard-coded);
-- waits for the device before it reads the clock: a CUDA call returns as soon
-  as the work is queued, so without `torch.cuda.synchronize()` a GPU would
-  look impossibly fast;
-- runs once untimed first (warm-up: memory allocation, kernel selection), then
-  reports the median of a few repeats, which a busy, shared machine disturbs
-  less than the mean;
-- carries the label of what it was measured on, so that a printed number
-  never travels without its machine.
+Each sweep runs on the model's device (`model.device`: CPU or GPU, never
+hard-coded), times with labkit.timing (which waits for the device, warms up
+on a GPU and reports the median of a few repeats) and carries the label of
+what it was measured on, so that a printed number never travels without its
+machine.
 
 Timings differ between machines and between runs: print and plot them, never
 assert on their values. What does hold everywhere (the same tokens with and
@@ -23,135 +18,31 @@ notebooks check.
 
 What is here:
 
-    device_label, sync, time_fn               labels, the clock, medians
     LONG_TEXT, long_prompt_ids                 a prompt of any length
     cache_speedup                              next-token time with / without the KV cache
     time_generation                            a whole generation, with / without the cache
     ttft_sweep                                 prefill latency (TTFT) against prompt length
     batch_sweep                                prefill and decode cost as the batch grows
-    measure_bandwidth, measure_matmul_flops    the two numbers of the roofline (best of a few runs)
     roofline_point                             a measured workload as a roofline point
-    ttft_chart, batch_chart                    charts of the sweeps (viz has none for them)
 
-Left out: CUDA events and profilers (perf_counter around a synchronize is
-accurate to well under a millisecond, enough for steps of milliseconds), and
-any tuning of the machine (threads, clocks): the point is to measure the
-machine as the student has it.
+The clock, the device labels and the roofs (read_bandwidth,
+matmul_flops_per_s) are in labkit.timing; FLOPs and bytes in labkit.costs;
+the charts of the sweeps (charts.ttft_chart, charts.batch_chart) in labkit.charts.
+
+Left out: CUDA events and profilers, and any tuning of the machine (see labkit.timing).
 """
 
 from __future__ import annotations
 
-import platform
-import statistics
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
-import plotly.graph_objects as go
 import torch
-from plotly.subplots import make_subplots
 
-from . import charts, costs
+from . import costs
 from .encoding import encode
 from .generation import Generation, generate
-
-
-# ----------------------------------------------------------------------------
-# Labels and the clock
-# ----------------------------------------------------------------------------
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "CPU"
-
-
-def device_name(device: str | torch.device) -> str:
-    """The device in words: 'cpu (Intel Xeon, 2 threads)' or 'cuda:0 (NVIDIA H200)'."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
-    if device.type == "cpu":
-        return f"cpu ({_cpu_name()}, {torch.get_num_threads()} threads)"
-    return str(device)
-
-
-def device_label(model_or_device, dtype: torch.dtype | None = None) -> str:
-    """What a measurement ran on: device, processor, threads and dtype."""
-    if hasattr(model_or_device, "device") and hasattr(model_or_device, "dtype"):
-        device, dtype = model_or_device.device, dtype or model_or_device.dtype
-    else:
-        device = model_or_device
-    return device_name(device) + (f", {dtype}" if dtype is not None else "")
-
-
-def sync(device: str | torch.device) -> None:
-    """Wait until the device has finished the work queued on it."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
-@dataclass
-class Timing:
-    """Seconds of each timed repeat (the warm-up is not among them)."""
-
-    samples: list[float]
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.samples)
-
-    @property
-    def min(self) -> float:
-        return min(self.samples)
-
-    def __repr__(self) -> str:
-        return f"Timing(median {self.median * 1e3:.2f} ms over {len(self.samples)} repeats)"
-
-
-def default_warmup(device: str | torch.device) -> int:
-    """Untimed runs before timing: one on a GPU (its first call of a new shape
-    picks kernels and allocates), none on a CPU, where a first call costs about
-    what the next ones do and a slow machine should not pay for it twice."""
-    return 0 if torch.device(device).type == "cpu" else 1
-
-
-def time_fn(fn: Callable[[], Any], device: str | torch.device, repeats: int = 3, warmup: int | None = None,
-            setup: Callable[[], Any] | None = None) -> tuple[Timing, Any]:
-    """Time `fn()` on `device`: `warmup` untimed calls, then `repeats` timed ones.
-
-    warmup: None for `default_warmup(device)`.
-    setup: called before every call, outside the timed region (e.g. to empty a cache).
-    Returns the Timing and the result of the last call.
-    """
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    if warmup is None:
-        warmup = default_warmup(device)
-    result = None
-    for _ in range(warmup):
-        if setup:
-            setup()
-        result = fn()
-    samples = []
-    for _ in range(repeats):
-        if setup:
-            setup()
-        sync(device)
-        start = time.perf_counter()
-        result = fn()
-        sync(device)
-        samples.append(time.perf_counter() - start)
-    return Timing(samples), result
+from .timing import device_label, median, time_fn
 
 
 # ----------------------------------------------------------------------------
@@ -274,20 +165,15 @@ def time_generation(model, prompt, max_new_tokens: int, use_cache: bool = True, 
     with and without the cache always produce the same number of tokens.
     """
     generate_args.setdefault("stop_at_eos", False)
-    for _ in range(default_warmup(model.device) if warmup is None else warmup):
-        generate(model, prompt, max_new_tokens, use_cache=use_cache, **generate_args)
-    totals, ttfts, tpots = [], [], []
-    gen = None
-    for _ in range(max(1, repeats)):
-        sync(model.device)
-        start = time.perf_counter()
-        gen = generate(model, prompt, max_new_tokens, use_cache=use_cache, **generate_args)
-        sync(model.device)
-        totals.append(time.perf_counter() - start)
-        ttfts.append(gen.ttft_s)
-        tpots.append(gen.tpot_s)
-    return GenerationTiming(use_cache, statistics.median(totals), statistics.median(ttfts),
-                            statistics.median(tpots), gen, device_label(model))
+    gens: list[Generation] = []                         # every run, the warm-up ones first
+
+    def run():
+        gens.append(generate(model, prompt, max_new_tokens, use_cache=use_cache, **generate_args))
+
+    total, _ = time_fn(run, model.device, max(1, repeats), warmup)
+    timed = gens[-len(total.samples):]
+    return GenerationTiming(use_cache, total.median, median(g.ttft_s for g in timed),
+                            median(g.tpot_s for g in timed), gens[-1], device_label(model))
 
 
 # ----------------------------------------------------------------------------
@@ -380,7 +266,7 @@ def batch_sweep(model, batch_sizes: Sequence[int], prompt_len: int = 64, context
     if not 1 <= context < c.max_len:
         raise ValueError(f"context must be in [1, {c.max_len - 1}], got {context}")
     g = torch.Generator().manual_seed(seed)
-    value_bytes = torch.finfo(model.dtype).bits // 8
+    value_bytes = costs.bytes_per_value(model.dtype)
     prefill_s, decode_s, total_bytes, kv_bytes = [], [], [], []
     for b in batch_sizes:
         ids = torch.randint(0, c.vocab_size, (b, prompt_len), generator=g).to(model.device)
@@ -401,103 +287,17 @@ def batch_sweep(model, batch_sizes: Sequence[int], prompt_len: int = 64, context
         del cache
         work = costs.decode_workload(model, context, batch_size=b)
         total_bytes.append(work.bytes)
-        kv_bytes.append(costs.kv_bytes_per_token(c, value_bytes) * (context + 1) * b)
+        kv_bytes.append(costs.kv_bytes_per_token(c, value_bytes, batch_size=b) * (context + 1))
     return BatchSweep(list(batch_sizes), prompt_len, context, prefill_s, decode_s, total_bytes, kv_bytes,
                       device_label(model), repeats)
 
 
 # ----------------------------------------------------------------------------
-# The roofline's two numbers
+# The roofline (its two roofs are measured by labkit.timing)
 # ----------------------------------------------------------------------------
-
-def measure_bandwidth(device: str | torch.device, nbytes: int | None = None, repeats: int = 5) -> float:
-    """Memory read bandwidth (bytes/s): the time to sum a large fp32 tensor, best of `repeats`.
-
-    A sum reads every byte once and does one addition per 4 bytes, so it is
-    bound by memory, as a decode step is. The default size, 256 MB on a CPU and
-    2 GB on a GPU, is far larger than any cache and small enough for a notebook.
-    A roof is what the machine *can* reach, and other programs only ever slow
-    a run down, so this takes the fastest run (labkit.bench uses this too, with 1 GiB).
-    """
-    device = torch.device(device)
-    if nbytes is None:
-        nbytes = 2 * 2**30 if device.type == "cuda" else 256 * 2**20
-    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    t, _ = time_fn(lambda: x.sum(), device, repeats, warmup=1)
-    return x.numel() * 4 / t.min
-
-
-def measure_matmul_flops(device: str | torch.device, dtype: torch.dtype = torch.float32,
-                         n: int | None = None, repeats: int = 5) -> float:
-    """Matmul throughput (FLOP/s) of an (n x n) @ (n x n) product, 2 n^3 FLOPs, best of `repeats`.
-
-    The practical peak PyTorch reaches on this device in this dtype, usually
-    below the data-sheet number. Default n: 1024 on a CPU (a fraction of a
-    second), 8192 on a GPU (smaller products leave a large GPU partly idle).
-    """
-    device = torch.device(device)
-    if n is None:
-        n = 8192 if device.type == "cuda" else 1024
-    g = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(n, n, generator=g, device=device).to(dtype)
-    b = torch.randn(n, n, generator=g, device=device).to(dtype)
-    t, _ = time_fn(lambda: a @ b, device, repeats, warmup=1)
-    return 2 * n**3 / t.min
-
 
 def roofline_point(workload: costs.Workload, seconds: float, name: str | None = None) -> dict:
     """A measured workload as a point for charts.roofline_chart: its intensity
     (FLOP/byte, from the formulas) and the FLOP/s it reached (FLOPs / measured seconds)."""
     return {"name": name or workload.name, "intensity": workload.intensity,
             "flops_per_s": workload.flops / seconds}
-
-
-# ----------------------------------------------------------------------------
-# Charts of the sweeps (data in, figure out, as in viz)
-# ----------------------------------------------------------------------------
-
-def ttft_chart(sweep: TTFTSweep, title: str = "Prefill time (TTFT) against prompt length") -> go.Figure:
-    """Left: TTFT (ms) against prompt length. Right: the same time per prompt token."""
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
-                        subplot_titles=("time to first token", "time per prompt token"))
-    fig.add_trace(go.Scatter(x=sweep.lengths, y=[s * 1e3 for s in sweep.seconds], mode="lines+markers",
-                             name="TTFT", line=dict(color=charts.ORANGE),
-                             hovertemplate="%{x} tokens<br>TTFT %{y:.1f} ms<extra></extra>"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=sweep.lengths, y=sweep.ms_per_token, mode="lines+markers",
-                             name="per prompt token", line=dict(color=charts.BLUE),
-                             hovertemplate="%{x} tokens<br>%{y:.2f} ms per token<extra></extra>"), row=1, col=2)
-    fig.update_xaxes(title="prompt length (tokens)", rangemode="tozero")
-    fig.update_yaxes(title="TTFT (ms)", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title="ms per prompt token", rangemode="tozero", row=1, col=2)
-    fig.update_layout(title=charts._title(title, f"measured on {sweep.device}, median of {sweep.repeats}"),
-                      width=1000, height=460, showlegend=False)
-    return charts.fit_title(fig)
-
-
-def batch_chart(sweep: BatchSweep, title: str = "Batch size: prefill vs decode") -> go.Figure:
-    """Three panels against the batch size: prefill time per token (flat once
-    the device is busy), decode throughput in tokens/s (rising with the batch),
-    and the KV cache's share of the bytes each decode step reads."""
-    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09,
-                        subplot_titles=(f"prefill, {sweep.prompt_len} tokens each",
-                                        f"decode, {sweep.context} cached each",
-                                        "KV cache share of reads"))
-    x = [str(b) for b in sweep.batch_sizes]   # categories: evenly spaced, labelled with the batch size
-    fig.add_trace(go.Scatter(x=x, y=sweep.prefill_ms_per_token, mode="lines+markers", name="prefill",
-                             line=dict(color=charts.ORANGE),
-                             hovertemplate="batch %{x}<br>%{y:.2f} ms per token<extra></extra>"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=x, y=sweep.decode_tokens_per_s, mode="lines+markers", name="decode",
-                             line=dict(color=charts.BLUE),
-                             hovertemplate="batch %{x}<br>%{y:.1f} tokens/s<extra></extra>"), row=1, col=2)
-    fig.add_trace(go.Bar(x=x, y=[100 * f for f in sweep.kv_fraction], name="KV share", marker_color=charts.GREEN,
-                         text=[f"{100 * f:.0f}%" for f in sweep.kv_fraction], textposition="outside",
-                         cliponaxis=False,
-                         hovertemplate="batch %{x}<br>KV cache %{y:.0f}% of the bytes<extra></extra>"),
-                  row=1, col=3)
-    fig.update_xaxes(title="batch size", type="category")
-    fig.update_yaxes(title="prefill time per token (ms)", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title="decode throughput (tokens/s)", rangemode="tozero", row=1, col=2)
-    fig.update_yaxes(title="KV cache / all bytes read (%)", range=[0, 110], row=1, col=3)
-    fig.update_layout(title=charts._title(title, f"measured on {sweep.device}, median of {sweep.repeats}"),
-                      width=1050, height=460, showlegend=False)
-    return charts.fit_title(fig)

@@ -15,11 +15,12 @@ SmolLM, TinyLlama, Mistral, Qwen2 with its q/k/v bias: RMSNorm, RoPE,
 grouped-query attention, SwiGLU) and GPT-2 (LayerNorm, learned absolute
 positions, multi-head attention with one fused QKV projection, GELU).
 
-Attention has two paths that tests check agree: the teaching path
-(`attention_by_hand`, scores / sqrt(d) -> causal mask -> softmax -> weighted
-sum, which can record the probabilities), and the fast path
-(`torch.nn.functional.scaled_dot_product_attention`), used when nothing is
-recorded.
+The file reads in the order data flows: the config, the pieces of a block
+(linear, the norms, RoPE), then the Model (embed, the blocks, unembed).
+Attention itself lives in labkit/attention.py; `model.attention` chooses its
+implementation ("sdpa", "by_hand" or "tiled"), and passing a `labkit.Trace`
+to `forward` records the attention probabilities (by hand), the hidden
+states and timings.
 
 Left out: sliding-window attention (Mistral's window is far longer than any
 prompt here), padding masks for batches of unequal length, and quantised
@@ -28,7 +29,6 @@ execution of GGUF weights (they are de-quantised on load).
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from .attention import attend, attention_by_hand, check_implementation
 from .kv_cache import KVCache
 from .trace import Trace
 
@@ -72,6 +73,7 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, c) -> "ModelConfig":
+        """c: the transformers config of a supported architecture."""
         if c.model_type not in SUPPORTED:
             raise ValueError(f"architecture {c.model_type!r} is not supported by labkit; "
                              f"supported: {', '.join(SUPPORTED)}")
@@ -114,9 +116,24 @@ def linear(x: torch.Tensor, layer) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / sqrt(mean(x^2) + eps) * weight. Computed in fp32, as transformers does,
-    so bf16 results match it too."""
+    """x / sqrt(mean(x^2) + eps) * weight (Llama-style). Computed in fp32, as
+    transformers does, so bf16 results match it too."""
     return F.rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype) * weight
+
+
+def layer_norm(x: torch.Tensor, norm: nn.LayerNorm, eps: float) -> torch.Tensor:
+    """(x - mean(x)) / sqrt(var(x) + eps) * weight + bias (GPT-2)."""
+    return F.layer_norm(x, x.shape[-1:], norm.weight, norm.bias, eps)
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float, dtype: torch.dtype):
+    """cos and sin of every position's rotation angles, each (T, hs), shared by all layers.
+
+    inv_freq (hs/2,): the frequency of each pair of dimensions; scale: the
+    model's attention scaling (1.0 unless its context was extended)."""
+    angles = positions.float()[:, None] * inv_freq[None, :]   # (T, hs/2)
+    angles = torch.cat((angles, angles), dim=-1)               # (T, hs): pair (i, i + hs/2) shares angle i
+    return (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -131,54 +148,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
-def causal_mask(n_queries: int, n_keys: int, start: int, device=None) -> torch.Tensor:
-    """True where query i (at position start + i) may look at key j: j <= start + i."""
-    q_pos = torch.arange(start, start + n_queries, device=device)[:, None]
-    k_pos = torch.arange(n_keys, device=device)[None, :]
-    return k_pos <= q_pos  # (T, S)
-
-
-def attention_by_hand(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int):
-    """Attention written out, with grouped-query sharing of K and V made visible.
-
-    q: (B, n_heads, T, hs), k and v: (B, n_kv_heads, S, hs); start is the
-    position of the first query (the number of tokens already cached).
-    Returns the output (B, n_heads, T, hs) and the probabilities (B, n_heads, T, S).
-    """
-    B, n_heads, T, hs = q.shape
-    n_kv, S = k.shape[1], k.shape[2]
-    group = n_heads // n_kv
-    # Grouped-query attention: query heads j*group .. j*group+group-1 all read
-    # KV head j. Viewing the query heads as (kv_heads, group) and giving K and V
-    # a group axis of size 1 lets broadcasting share them: K and V are not copied.
-    q = q.view(B, n_kv, group, T, hs)                         # (B, kv, g, T, hs)
-    k = k[:, :, None]                                         # (B, kv, 1, S, hs)
-    v = v[:, :, None]                                         # (B, kv, 1, S, hs)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(hs)          # (B, kv, g, T, S)
-    scores = scores.masked_fill(~causal_mask(T, S, start, q.device), float("-inf"))
-    probs = scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype)  # each row sums to 1
-    out = probs @ v                                           # (B, kv, g, T, hs)
-    return out.reshape(B, n_heads, T, hs), probs.reshape(B, n_heads, T, S)
-
-
-def attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
-    """The same result from PyTorch's fused kernel (no probabilities kept)."""
-    T, S = q.shape[2], k.shape[2]
-    group = q.shape[1] // k.shape[1]
-    if T == 1:
-        # Decode step: one query sees every cached key, so no mask is needed,
-        # and folding the query heads of a group into the query axis lets one
-        # plain attention call serve all groups without repeating K and V.
-        B, n_heads, _, hs = q.shape
-        q = q.view(B, k.shape[1], group, hs)                  # (B, kv, g, hs)
-        out = F.scaled_dot_product_attention(q, k, v)         # (B, kv, g, hs)
-        return out.reshape(B, n_heads, 1, hs)
-    if start == 0:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=group > 1)
-    mask = causal_mask(T, S, start, q.device)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=group > 1)
-
-
 # ----------------------------------------------------------------------------
 # The model
 # ----------------------------------------------------------------------------
@@ -187,7 +156,9 @@ class Model:
     """A loaded model: `forward` (stage 2), `new_cache`, the tokenizer, the config.
 
     hf: the transformers model whose weights are read (for side-by-side checks).
-    attention: "auto" (fast path unless recording), "manual" or "sdpa".
+    attention: which attention implementation forward uses (labkit.attention):
+      "sdpa" (PyTorch's fused kernel, the default), "by_hand" or "tiled".
+    tiled_block_size: the tile size of "tiled".
     """
 
     def __init__(self, hf, tokenizer=None, name: str | None = None):
@@ -195,7 +166,8 @@ class Model:
         self.hf = hf.eval()
         self.tokenizer = tokenizer
         self.name = name or getattr(hf.config, "name_or_path", "") or self.config.model_type
-        self.attention = "auto"
+        self.attention = "sdpa"
+        self.tiled_block_size = 64
         self.load_seconds = 0.0
         if self.config.family == "gpt2":
             base = hf.transformer
@@ -208,6 +180,15 @@ class Model:
             rotary = base.rotary_emb
             self.inv_freq = rotary.inv_freq.float()           # (hs/2,)
             self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+
+    @property
+    def attention(self) -> str:
+        """The attention implementation: one of labkit.attention.IMPLEMENTATIONS."""
+        return self._attention
+
+    @attention.setter
+    def attention(self, name: str) -> None:
+        self._attention = check_implementation(name)
 
     # -- facts ----------------------------------------------------------------
 
@@ -244,36 +225,41 @@ class Model:
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
     def __repr__(self) -> str:
-        c = self.config
-        return (f"Model({self.name!r}: {c.model_type}, {c.n_layers} layers, d_model {c.d_model}, "
-                f"{c.n_heads} heads / {c.n_kv_heads} KV heads x {c.head_dim}, vocab {c.vocab_size}, "
-                f"{self.n_params / 1e6:.0f}M params, {self.dtype}, {self.device})")
+        config = self.config
+        return (f"Model({self.name!r}: {config.model_type}, {config.n_layers} layers, "
+                f"d_model {config.d_model}, {config.n_heads} heads / {config.n_kv_heads} KV heads "
+                f"x {config.head_dim}, vocab {config.vocab_size}, {self.n_params / 1e6:.0f}M params, "
+                f"{self.dtype}, {self.device})")
 
     def new_cache(self, max_len: int = 1024, batch_size: int = 1) -> KVCache:
         """An empty KV cache for up to max_len positions, on the model's device and dtype."""
-        if not 1 <= max_len <= self.config.max_len:
-            raise ValueError(f"max_len must be in [1, {self.config.max_len}] (the model's context), got {max_len}")
-        c = self.config
-        return KVCache(c.n_layers, c.n_kv_heads, c.head_dim, max_len, batch_size=batch_size,
+        config = self.config
+        if not 1 <= max_len <= config.max_len:
+            raise ValueError(f"max_len must be in [1, {config.max_len}] (the model's context), got {max_len}")
+        return KVCache(config.n_layers, config.n_kv_heads, config.head_dim, max_len, batch_size=batch_size,
                        dtype=self.dtype, device=self.device)
 
     # -- the forward pass -------------------------------------------------------
 
     @torch.inference_mode()
-    def forward(self, ids, cache: KVCache | None = None, record: bool = False, last_only: bool = False):
+    def forward(self, ids, cache: KVCache | None = None, *, trace: Trace | None = None,
+                last_only: bool = False) -> torch.Tensor:
         """Logits for every position of `ids`.
 
         ids: token ids, shape (T,) or (B, T), list or tensor.
         cache: a KVCache; the new positions' K and V are written after the ones
           it holds, and attention reads all of them. None: attend within ids only.
-        record: also return a Trace (attention probabilities, hidden states, timings).
-        last_only: return the logits of the last position only, (1, vocab) (prefill).
+        trace: a labkit.Trace to record into (attention probabilities, hidden
+          states, timings; what it held is replaced). Recording attends by
+          hand, whatever `self.attention` says: only that path keeps the
+          probabilities.
+        last_only: the logits of the last position only (prefill needs no more).
 
-        Returns logits (T, vocab) or (B, T, vocab), and the Trace when record=True.
+        Returns logits (T, vocab) or (B, T, vocab); T is 1 with last_only.
         """
         ids, batched = self._check_ids(ids)
         B, T = ids.shape
-        start = 0
+        start = 0                                      # the position of ids' first token
         if cache is not None:
             if cache.batch_size != B:
                 raise ValueError(f"cache has batch_size={cache.batch_size} but ids have {B} rows")
@@ -282,53 +268,26 @@ class Model:
         if start + T > self.config.max_len:
             raise ValueError(f"sequence of {start + T} tokens is longer than the model's context "
                              f"({self.config.max_len} tokens)")
-        trace = Trace() if record else None
-        by_hand = record or self.attention == "manual"
+        if trace is not None:
+            trace.clear()
 
-        def attend(i, q, k, v):
-            return self._attend(i, q, k, v, start, cache, trace, by_hand)
+        def attend_layer(i, q, k, v):
+            """Store the new K, V in the cache; attend over everything it holds."""
+            if cache is not None:
+                k, v = cache.update(i, start, k, v)    # (B, kv, start + T, hs)
+            if trace is None:
+                return attend(q, k, v, start, self.attention, self.tiled_block_size)
+            out, probs = attention_by_hand(q, k, v, start)
+            trace.attentions.append(probs)             # (B, heads, T, start + T)
+            return out                                 # (B, heads, T, hs)
 
         positions = torch.arange(start, start + T, device=self.device)
-        logits = self.run_blocks(ids, positions, attend, trace, last_only)   # (B, T or 1, vocab)
+        logits = self.run_blocks(ids, positions, attend_layer, trace, last_only)   # (B, T or 1, vocab)
         if cache is not None:
             cache.length += T
-        if not batched:
-            logits = logits[0]
-        if trace is None:
-            return logits
-        trace.finish(batched)
-        return logits, trace
-
-    def run_blocks(self, ids: torch.Tensor, positions: torch.Tensor, attend, trace: Trace | None = None,
-                   last_only: bool = False):
-        """Embeddings -> every block -> logits, for ids (B, T) at `positions` (T,).
-
-        attend(layer, q, k, v) stores the new K, V wherever the caller keeps
-        them and returns the attention output (B, T, heads * hs). `forward`
-        passes one that uses a KVCache; labkit.cuda_graphs passes one whose position
-        is a tensor, so a CUDA graph can replay the same step at every position.
-        """
-        t0 = time.perf_counter() if trace else 0.0    # timed only when recording (keeps torch.compile happy)
-        x = self.embed(ids, positions)                                  # (B, T, d)
-        rope = self._rope(positions, x.dtype) if self.config.family == "llama" else None
-        if trace:
-            trace.hidden.append(x)
-        for i, block in enumerate(self.blocks):
-            if self.config.family == "llama":
-                x = self._llama_block(i, block, x, rope, attend)
-            else:
-                x = self._gpt2_block(i, block, x, attend)
-            if trace:
-                trace.hidden.append(x)
-                trace.layer_seconds.append(time.perf_counter() - t0 - sum(trace.layer_seconds))
-        if last_only:
-            # Generation needs only the last position's scores: skipping the LM
-            # head for the others saves 2 x d_model x vocab FLOPs per prompt token.
-            x = x[:, -1:]
-        logits = self.unembed(x)                                        # (B, T, vocab)
-        if trace:
-            trace.seconds = time.perf_counter() - t0
-        return logits
+        if trace is not None:
+            trace.finish(batched)
+        return logits if batched else logits[0]
 
     __call__ = forward
 
@@ -336,7 +295,8 @@ class Model:
         if not isinstance(ids, torch.Tensor):
             ids = torch.tensor(ids, dtype=torch.long)
         if ids.dim() not in (1, 2) or ids.shape[-1] == 0:
-            raise ValueError(f"ids must be a non-empty sequence of token ids, shape (T,) or (B, T); got shape {tuple(ids.shape)}")
+            raise ValueError(f"ids must be a non-empty sequence of token ids, shape (T,) or (B, T); "
+                             f"got shape {tuple(ids.shape)}")
         if ids.is_floating_point():
             raise ValueError("ids must be integer token ids, not floats")
         # Checking the range costs a device sync, so only on the CPU, where it is free.
@@ -345,70 +305,84 @@ class Model:
         batched = ids.dim() == 2
         return (ids if batched else ids[None]).to(self.device), batched
 
+    def run_blocks(self, ids: torch.Tensor, positions: torch.Tensor, attend_layer, trace: Trace | None = None,
+                   last_only: bool = False) -> torch.Tensor:
+        """Embeddings -> every block -> logits (B, T, vocab), for ids (B, T) at `positions` (T,).
+
+        attend_layer(layer, q, k, v) stores the new K, V wherever the caller
+        keeps them and returns the attention output (B, heads, T, hs).
+        `forward` passes one that uses a KVCache; labkit.cuda_graphs passes one
+        whose position is a tensor, so a CUDA graph can replay the same step at
+        every position.
+        """
+        # Timed only when recording (a clock read would break torch.compile's graph).
+        t0 = time.perf_counter() if trace is not None else 0.0
+        x = self.embed(ids, positions)                                  # (B, T, d)
+        if trace is not None:
+            trace.hidden.append(x)
+        llama = self.config.family == "llama"
+        rope = rope_cos_sin(positions, self.inv_freq, self.rope_scale, x.dtype) if llama else None
+        for i, block in enumerate(self.blocks):
+            if llama:
+                x = self._llama_block(i, block, x, rope, attend_layer)  # (B, T, d)
+            else:
+                x = self._gpt2_block(i, block, x, attend_layer)
+            if trace is not None:
+                trace.hidden.append(x)
+                trace.layer_seconds.append(time.perf_counter() - t0 - sum(trace.layer_seconds))
+        if last_only:
+            # Generation needs only the last position's scores: skipping the LM
+            # head for the others saves 2 x d_model x vocab FLOPs per prompt token.
+            x = x[:, -1:]
+        logits = self.unembed(x)                                        # (B, T, vocab)
+        if trace is not None:
+            trace.seconds = time.perf_counter() - t0
+        return logits
+
     def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Stage 1's last step: token embeddings (+ learned positions for GPT-2)."""
         if self.config.family == "gpt2":
             return self.hf.transformer.wte(ids) + self.hf.transformer.wpe(positions)
         return self.hf.model.embed_tokens(ids)
 
-    def unembed(self, x: torch.Tensor) -> torch.Tensor:
-        """Final norm and LM head: hidden states -> logits over the vocabulary.
-        Applied to an intermediate layer's hidden state this is the logit lens."""
-        return linear(self._final_norm(x), self.hf.lm_head)
-
-    def _final_norm(self, x):
-        n = self.final_norm
-        if self.config.family == "gpt2":
-            return F.layer_norm(x, x.shape[-1:], n.weight, n.bias, self.config.norm_eps)
-        return rms_norm(x, n.weight, self.config.norm_eps)
-
-    def _rope(self, positions, dtype):
-        """cos and sin of every position's rotation angles, shared by all layers."""
-        angles = positions.float()[:, None] * self.inv_freq[None, :]  # (T, hs/2)
-        angles = torch.cat((angles, angles), dim=-1)                   # (T, hs)
-        return ((angles.cos() * self.rope_scale).to(dtype),
-                (angles.sin() * self.rope_scale).to(dtype))
-
-    def _attend(self, i, q, k, v, start, cache, trace, by_hand):
-        """Store the new K, V; attend over everything cached; record if asked."""
-        if cache is not None:
-            k, v = cache.update(i, start, k, v)        # (B, kv, start+T, hs)
-            attend_start = start
-        else:
-            attend_start = 0
-        if by_hand:
-            out, probs = attention_by_hand(q, k, v, attend_start)
-            if trace:
-                trace.attentions.append(probs)
-        else:
-            out = attention_fast(q, k, v, attend_start)
-        B, _, T, _ = out.shape
-        return out.transpose(1, 2).reshape(B, T, -1)  # (B, T, heads * hs)
-
-    def _llama_block(self, i, block, x, rope, attend):
-        c, a, mlp = self.config, block.self_attn, block.mlp
+    def _llama_block(self, i, block, x, rope, attend_layer):
+        """x + attention(rms_norm(x)), then x + SwiGLU(rms_norm(x))."""
+        config, attn, mlp = self.config, block.self_attn, block.mlp
         B, T, _ = x.shape
-        h = rms_norm(x, block.input_layernorm.weight, c.norm_eps)
-        q = linear(h, a.q_proj).view(B, T, c.n_heads, c.head_dim).transpose(1, 2)
-        k = linear(h, a.k_proj).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
-        v = linear(h, a.v_proj).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)           # (B, heads, T, hs)
-        att = attend(i, q, k, v)                                    # (B, T, heads * hs)
-        x = x + linear(att, a.o_proj)
-        h = rms_norm(x, block.post_attention_layernorm.weight, c.norm_eps)
+        h = rms_norm(x, block.input_layernorm.weight, config.norm_eps)
+        q = linear(h, attn.q_proj).view(B, T, config.n_heads, config.head_dim).transpose(1, 2)     # (B, heads, T, hs)
+        k = linear(h, attn.k_proj).view(B, T, config.n_kv_heads, config.head_dim).transpose(1, 2)  # (B, kv, T, hs)
+        v = linear(h, attn.v_proj).view(B, T, config.n_kv_heads, config.head_dim).transpose(1, 2)  # (B, kv, T, hs)
+        cos, sin = rope
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)     # rotated by position
+        heads = attend_layer(i, q, k, v)                            # (B, heads, T, hs)
+        heads = heads.transpose(1, 2).reshape(B, T, -1)             # (B, T, heads * hs): side by side
+        x = x + linear(heads, attn.o_proj)
+        h = rms_norm(x, block.post_attention_layernorm.weight, config.norm_eps)
         # SwiGLU feed-forward: down(silu(gate(h)) * up(h))
-        gate = linear(h, mlp.gate_proj)
-        up = linear(h, mlp.up_proj)
+        gate = linear(h, mlp.gate_proj)                             # (B, T, d_ff)
+        up = linear(h, mlp.up_proj)                                 # (B, T, d_ff)
         return x + linear(F.silu(gate) * up, mlp.down_proj)
 
-    def _gpt2_block(self, i, block, x, attend):
-        c, a, mlp = self.config, block.attn, block.mlp
-        B, T, d = x.shape
-        h = F.layer_norm(x, (d,), block.ln_1.weight, block.ln_1.bias, c.norm_eps)
-        qkv = linear(h, a.c_attn).view(B, T, 3, c.n_heads, c.head_dim)   # one fused projection
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)                       # each (B, heads, T, hs)
-        att = attend(i, q, k, v)
-        x = x + linear(att, a.c_proj)
-        h = F.layer_norm(x, (d,), block.ln_2.weight, block.ln_2.bias, c.norm_eps)
-        up = linear(h, mlp.c_fc)
+    def _gpt2_block(self, i, block, x, attend_layer):
+        """x + attention(layer_norm(x)), then x + GELU MLP(layer_norm(x))."""
+        config, attn, mlp = self.config, block.attn, block.mlp
+        B, T, _ = x.shape
+        h = layer_norm(x, block.ln_1, config.norm_eps)
+        qkv = linear(h, attn.c_attn).view(B, T, 3, config.n_heads, config.head_dim)   # one fused projection
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)                        # each (B, heads, T, hs)
+        heads = attend_layer(i, q, k, v)                            # (B, heads, T, hs)
+        heads = heads.transpose(1, 2).reshape(B, T, -1)             # (B, T, heads * hs)
+        x = x + linear(heads, attn.c_proj)
+        h = layer_norm(x, block.ln_2, config.norm_eps)
+        up = linear(h, mlp.c_fc)                                    # (B, T, d_ff)
         return x + linear(F.gelu(up, approximate="tanh"), mlp.c_proj)
+
+    def unembed(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head: hidden states (..., d) -> logits (..., vocab).
+        Applied to an intermediate layer's hidden state this is the logit lens."""
+        if self.config.family == "gpt2":
+            x = layer_norm(x, self.final_norm, self.config.norm_eps)
+        else:
+            x = rms_norm(x, self.final_norm.weight, self.config.norm_eps)
+        return linear(x, self.hf.lm_head)

@@ -7,12 +7,12 @@ depends on the machine having a fast kernel for that format, and what it
 
     bytes     model.weight_nbytes: what one decode step must read
     speed     greedy generations timed on this machine: TTFT, TPOT
-    quality   against the reference model, as labkit.quantize.compare measures it:
+    quality   against the reference model, as labkit.quantize.measure_quality measures it:
               KL divergence of the next-token distributions, top-1 agreement,
               greedy agreement
 
 `measure_precisions(reference, {"bf16": m16, "int8": m8}, prompts)` returns one
-`PrecisionResult` per model (the reference first); `precision_chart` draws them.
+`PrecisionResult` per model (the reference first); `charts.precision_chart` draws them.
 
 Left out: task-level quality (perplexity on a corpus, accuracy on a benchmark).
 """
@@ -21,14 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import plotly.graph_objects as go
 import torch
-from plotly.subplots import make_subplots
 
-from . import charts
 from .generation import generate
-from .measure import device_label, sync
-from .quantize import Quality, kl_divergence
+from .quantize import Quality, common_prefix, kl_divergence
+from .timing import device_label, median, sync
 
 
 @dataclass
@@ -65,7 +62,7 @@ def measure_precisions(reference, models: dict, prompts: list[str], max_new_toke
     max_new_tokens tokens.
 
     One generation and one forward pass per model and prompt: the reference's
-    continuations are computed once (labkit.quantize.compare, which recomputes
+    continuations are computed once (labkit.quantize.measure_quality, which recomputes
     them for each model, costs twice as much). TTFT is the first prompt's; TPOT
     the median decode step over all prompts.
     """
@@ -91,37 +88,13 @@ def measure_precisions(reference, models: dict, prompts: list[str], max_new_toke
                 ref_logits.append(logits)
             kls.append(kl_divergence(ref_logits[k], logits))
             top1.append(ref_logits[k].argmax(-1) == logits.argmax(-1))
-            prefix.append(next((i for i, (a, b) in enumerate(zip(gen.token_ids, ref_ids[k])) if a != b),
-                               len(ref_ids[k])))
+            prefix.append(common_prefix(gen.token_ids, ref_ids[k]))
         kl, agree = torch.cat(kls), torch.cat(top1).float()
         quality = None if is_ref else Quality(
             float(kl.mean()), float(kl.max()), float(agree.mean()),
             sum(p == max_new_tokens for p in prefix) / len(prompts),
             sum(prefix) / (max_new_tokens * len(prompts)), len(kl), len(prompts))
-        decode = sorted(s.seconds for g in gens for s in g.steps[1:])
-        results.append(PrecisionResult(name, model.weight_nbytes, gens[0].ttft_s,
-                                       decode[len(decode) // 2] if decode else float("nan"),
+        tpot = median(s.seconds for g in gens for s in g.steps[1:])     # every prompt's decode steps
+        results.append(PrecisionResult(name, model.weight_nbytes, gens[0].ttft_s, tpot,
                                        gens[0].text, gens[0].token_ids, quality, device_label(model)))
     return results
-
-
-def precision_chart(results: list[PrecisionResult],
-                    title: str = "Lower precision: bytes, speed and quality") -> go.Figure:
-    """Three panels, one bar per model: weight bytes (MB), time per output token (ms),
-    and mean KL divergence from the reference (nats; 0 = the same distribution)."""
-    names = [r.name for r in results]
-    panels = [("weights read per token (MB)", [r.weight_nbytes / 1e6 for r in results], "{:.0f}"),
-              ("time per output token (ms)", [r.tpot_s * 1e3 for r in results], "{:.1f}"),
-              ("KL from the reference (nats)", [r.kl_mean for r in results], "{:.2g}")]
-    fig = make_subplots(rows=1, cols=3, subplot_titles=[p[0] for p in panels], horizontal_spacing=0.09)
-    colours = [charts.PALETTE[i % len(charts.PALETTE)] for i in range(len(results))]
-    for col, (label, values, fmt) in enumerate(panels, start=1):
-        fig.add_trace(go.Bar(x=names, y=values, marker_color=colours, showlegend=False,
-                             text=[fmt.format(v) for v in values], textposition="outside", cliponaxis=False,
-                             hovertemplate=f"%{{x}}<br>{label}: %{{y:.4g}}<extra></extra>"), row=1, col=col)
-        fig.update_yaxes(rangemode="tozero", range=[0, max(values + [1e-9]) * 1.25], row=1, col=col)
-    agree = ", ".join(f"{r.name}: top-1 agreement {r.quality.top1_agreement:.0%}"
-                      for r in results if r.quality)
-    sub = f"measured on {results[0].device}" + (f"; {agree}" if agree else "")
-    fig.update_layout(title=charts._title(title, sub), width=1050, height=460)
-    return charts.fit_title(fig)

@@ -27,7 +27,7 @@ int8 weight to the activation dtype on every call (it is designed to be
 fused by torch.compile), which moves more bytes than bf16 does; the two
 kernels above are the ones torchao itself calls for int4 on the CPU.
 
-`compare(reference, quantized)` measures what the bytes saved cost: the KL
+`measure_quality(reference, quantized)` measures what the bytes saved cost: the KL
 divergence of the next-token distribution and greedy agreement on a fixed
 prompt set.
 
@@ -274,6 +274,11 @@ class Quality:
                 f"(common prefix {self.greedy_prefix:.0%})")
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many tokens a and b share before their first difference."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def kl_divergence(ref_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """KL(p_ref || p) for each row of logits (..., vocab), in nats."""
     ref_logp = ref_logits.float().log_softmax(-1)
@@ -282,8 +287,8 @@ def kl_divergence(ref_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tenso
 
 
 @torch.inference_mode()
-def compare(reference: Model, quantized: Model, prompts: list[str] | None = None,
-            max_new_tokens: int = 16) -> Quality:
+def measure_quality(reference: Model, quantized: Model, prompts: list[str] | None = None,
+                    max_new_tokens: int = 16) -> Quality:
     """How far the quantized model's predictions are from the reference's."""
     from .encoding import encode
     from .generation import generate
@@ -297,7 +302,7 @@ def compare(reference: Model, quantized: Model, prompts: list[str] | None = None
         top1.append(ref.argmax(-1) == out.argmax(-1))
         a = generate(reference, ids.tolist(), max_new_tokens, stop_at_eos=False).token_ids
         b = generate(quantized, ids.tolist(), max_new_tokens, stop_at_eos=False).token_ids
-        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+        same = common_prefix(a, b)
         identical.append(same == len(a))
         prefix.append(same / len(a))
     kl, agree = torch.cat(kls), torch.cat(top1).float()

@@ -9,15 +9,22 @@ tokens were kept and which were cut; `sample` also draws a token from them.
 Greedy (and temperature 0) picks the most likely token; its distribution is
 one-hot on that token, since that is what it "samples" from.
 
-A seed gives a run its own `torch.Generator`, so results repeat without
-touching the global random state.
+The settings travel as one `SamplingParams` (checked once, when made);
+`sample` and `distribution` take it as `params=`, or the same settings as
+keywords. A seed gives a run its own `torch.Generator`, so results repeat
+without touching the global random state.
 
-Beam search keeps several sequences at once, so it lives in `generate`
-(`method="beam"`), not here. Left out: typical-p, eta/epsilon sampling,
+`token_probability` is the model's own probability of a token (softmax at
+temperature 1), what generate records for every step.
+
+Beam search keeps several sequences at once, so it lives in labkit.generation
+(`generate(method="beam")`), not here. Left out: typical-p, eta/epsilon sampling,
 frequency/presence penalties.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -25,22 +32,45 @@ METHODS = ("greedy", "temperature", "top_k", "top_p", "min_p")
 DEFAULTS = {"top_k": 50, "top_p": 0.9, "min_p": 0.05}
 
 
-def check_sampling(method: str = "greedy", temperature: float = 1.0, top_k: int | None = None,
-                   top_p: float | None = None, min_p: float | None = None,
-                   repetition_penalty: float = 1.0) -> None:
-    """Raise a ValueError naming the parameter and its allowed values."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)} (or 'beam' in generate), got {method!r}")
-    if not isinstance(temperature, (int, float)) or temperature != temperature or temperature < 0:
-        raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}")
-    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
-        raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}")
-    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-    if min_p is not None and not (isinstance(min_p, (int, float)) and 0 <= min_p <= 1):
-        raise ValueError(f"min_p must be in [0, 1], got {min_p!r}")
-    if not (isinstance(repetition_penalty, (int, float)) and repetition_penalty > 0):
-        raise ValueError(f"repetition_penalty must be > 0 (1 means none), got {repetition_penalty!r}")
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token, as one value (vLLM's `SamplingParams`).
+
+    Checked once, when it is made: a bad value raises a ValueError naming the
+    parameter and its allowed values. Frozen, so it stays valid; make another
+    (dataclasses.replace) to change a setting.
+    """
+
+    method: str = "greedy"                 # one of METHODS
+    temperature: float = 1.0               # 0 means greedy
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float = 1.0        # 1 means none
+    seed: int | None = None                # None: the global random stream
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)} (or 'beam' in generate), "
+                             f"got {self.method!r}")
+        t = self.temperature
+        if not isinstance(t, (int, float)) or t != t or t < 0:
+            raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {t!r}")
+        k = self.top_k
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+            raise ValueError(f"top_k must be an integer >= 1, got {k!r}")
+        if self.top_p is not None and not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.min_p is not None and not (isinstance(self.min_p, (int, float)) and 0 <= self.min_p <= 1):
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        r = self.repetition_penalty
+        if not (isinstance(r, (int, float)) and r > 0):
+            raise ValueError(f"repetition_penalty must be > 0 (1 means none), got {r!r}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when the choice is the argmax (greedy, or temperature 0)."""
+        return self.method == "greedy" or self.temperature == 0
 
 
 def apply_repetition_penalty(logits: torch.Tensor, previous_ids, penalty: float) -> torch.Tensor:
@@ -79,30 +109,36 @@ def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
 
 def distribution(logits: torch.Tensor, method: str = "greedy", *, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
-                 repetition_penalty: float = 1.0, previous_ids=None) -> torch.Tensor:
+                 repetition_penalty: float = 1.0, previous_ids=None,
+                 params: SamplingParams | None = None) -> torch.Tensor:
     """The probabilities (vocab,) that `sample` draws from, in fp32.
 
     method picks the filter ("top_k" uses top_k, default 50; "top_p" uses top_p,
     default 0.9; "min_p" uses min_p, default 0.05); any other filter whose
     parameter is given applies too, as in transformers.
+    params: the settings as one SamplingParams, instead of method and the keywords.
+    previous_ids: the tokens so far, for the repetition penalty.
     """
-    check_sampling(method, temperature, top_k, top_p, min_p, repetition_penalty)
+    p = params or SamplingParams(method, temperature, top_k, top_p, min_p, repetition_penalty)
     logits = torch.as_tensor(logits)
     if logits.dim() != 1:
         raise ValueError(f"logits must be one position's scores, shape (vocab,), got {tuple(logits.shape)}")
     logits = logits.float()
     if torch.isnan(logits).any():
         raise ValueError("logits contain NaN")
-    logits = apply_repetition_penalty(logits, previous_ids, repetition_penalty)
-    if method == "greedy" or temperature == 0:
+    logits = apply_repetition_penalty(logits, previous_ids, p.repetition_penalty)
+    if p.greedy:
         return torch.zeros_like(logits).scatter_(0, logits.argmax().view(1), 1.0)
-    if method in DEFAULTS:
-        top_k = top_k if method != "top_k" else (top_k or DEFAULTS["top_k"])
-        top_p = top_p if method != "top_p" else (top_p or DEFAULTS["top_p"])
-        min_p = min_p if method != "min_p" else (min_p if min_p is not None else DEFAULTS["min_p"])
+    top_k, top_p, min_p = p.top_k, p.top_p, p.min_p
+    if p.method == "top_k":
+        top_k = top_k or DEFAULTS["top_k"]
+    elif p.method == "top_p":
+        top_p = top_p or DEFAULTS["top_p"]
+    elif p.method == "min_p":
+        min_p = min_p if min_p is not None else DEFAULTS["min_p"]
     # Dividing in fp32 and letting softmax subtract the maximum keeps
     # temperatures from 1e-4 to 100 free of inf and NaN.
-    logits = logits / temperature
+    logits = logits / p.temperature
     if top_k is not None:
         logits = top_k_filter(logits, top_k)
     if top_p is not None and top_p < 1:
@@ -110,6 +146,14 @@ def distribution(logits: torch.Tensor, method: str = "greedy", *, temperature: f
     if min_p:
         logits = min_p_filter(logits, min_p)
     return logits.softmax(-1)
+
+
+def token_probability(logits: torch.Tensor, token: int) -> float:
+    """softmax(logits)[token] at temperature 1, without building the whole
+    softmax: exp(logit - logsumexp(logits)) reads the vocabulary once and
+    allocates nothing vocabulary-sized."""
+    logits = logits.float()
+    return float((logits[token] - logits.logsumexp(-1)).exp())
 
 
 def make_generator(seed: int | None, device: str | torch.device = "cpu") -> torch.Generator | None:
@@ -124,15 +168,20 @@ def make_generator(seed: int | None, device: str | torch.device = "cpu") -> torc
 def sample(logits: torch.Tensor, method: str = "greedy", *, temperature: float = 1.0,
            top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
            repetition_penalty: float = 1.0, previous_ids=None, seed: int | None = None,
-           generator: torch.Generator | None = None) -> tuple[int, torch.Tensor]:
+           generator: torch.Generator | None = None,
+           params: SamplingParams | None = None) -> tuple[int, torch.Tensor]:
     """Pick the next token. Returns (token_id, probs), probs being the final
-    distribution it was drawn from (see `distribution`)."""
-    probs = distribution(logits, method, temperature=temperature, top_k=top_k, top_p=top_p,
-                         min_p=min_p, repetition_penalty=repetition_penalty,
-                         previous_ids=previous_ids)
-    if method == "greedy" or temperature == 0:
+    distribution it was drawn from (see `distribution`).
+
+    params: the settings (seed included) as one SamplingParams, instead of
+    method and the keywords. generator: a random stream to draw from, kept
+    across calls (generate makes one from the seed); without it, the seed
+    starts a new one for this draw."""
+    p = params or SamplingParams(method, temperature, top_k, top_p, min_p, repetition_penalty, seed)
+    probs = distribution(logits, params=p, previous_ids=previous_ids)
+    if p.greedy:
         return int(probs.argmax()), probs
     if generator is None:
-        generator = make_generator(seed, probs.device)
+        generator = make_generator(p.seed, probs.device)
     token = torch.multinomial(probs, 1, generator=generator)
     return int(token), probs

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .generation import _prompt_ids, eos_ids, prefill
+from .generation import Decoder
+from .sampling import SamplingParams
 
 
 @dataclass
@@ -120,102 +121,44 @@ def speculative_generate(model, prompt, max_new_tokens: int = 32, *, num_draft: 
     num_draft: the most tokens drafted per round; ngram_max / ngram_min: the
     n-gram lengths matched, longest first.
     The token ids equal labkit.generate(model, prompt, max_new_tokens, method="greedy")'s.
+
+    The bookkeeping is labkit.generation.Decoder's: its first step() is the
+    prefill, and every token a verifying pass keeps goes through add_token,
+    which also decides when the generation is over (EOS or the length limit).
     """
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     if not 1 <= ngram_min <= ngram_max:
         raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {ngram_min}, {ngram_max}")
-    text, ids = _prompt_ids(model, prompt, chat, system)
-    n_prompt = len(ids)
-    if n_prompt + max_new_tokens > model.config.max_len:
-        raise ValueError(f"max_new_tokens must be <= {model.config.max_len - n_prompt} for this "
-                         f"{n_prompt}-token prompt, got {max_new_tokens}")
-    gen = SpeculativeGeneration(text, ids.tolist())
+    decoder = Decoder(model, prompt, max_new_tokens, SamplingParams("greedy"), chat=chat, system=system,
+                      stop_at_eos=stop_at_eos)
+    gen = SpeculativeGeneration(decoder.generation.prompt, decoder.generation.prompt_ids)
     if max_new_tokens == 0:
         return gen
-    eos = eos_ids(model) if stop_at_eos else set()
-    # Room for the longest draft past the last kept token.
-    cache = model.new_cache(max_len=min(n_prompt + max_new_tokens + num_draft, model.config.max_len))
-    seq = ids.tolist()
     start = time.perf_counter()
-
-    t0 = time.perf_counter()
-    logits, _ = prefill(model, ids.to(model.device), cache)
-    first = int(logits.argmax())
-    gen.rounds.append(Round([], 0, [first], time.perf_counter() - t0, "prefill"))
-    new_tokens = [first]
-    while True:
-        # Keep the tokens of the last pass until EOS or the length limit.
-        for t in new_tokens:
-            seq.append(t)
-            gen.token_ids.append(t)
-            if t in eos:
-                gen.finish_reason = "eos"
-                break
-            if len(gen.token_ids) == max_new_tokens:
-                gen.finish_reason = "length"
-                break
-        if gen.finish_reason:
-            break
+    first = decoder.step()                                       # prefill: the model's first token
+    gen.rounds.append(Round([], 0, [first.token_id], first.seconds, "prefill"))
+    cache = decoder.cache
+    while not decoder.finished:
         t0 = time.perf_counter()
         # Never draft past the limit: the pass itself adds one more token.
-        room = max_new_tokens - len(gen.token_ids) - 1
-        draft = find_draft(seq, min(num_draft, room), ngram_max, ngram_min) if room > 0 else []
-        kept = cache.length                              # positions before the newest token
-        tokens = torch.tensor([seq[-1]] + draft, device=model.device)
-        logits = model.forward(tokens, cache=cache)      # (1 + len(draft), vocab)
-        choice = logits.argmax(dim=-1).tolist()          # the model's token after each input token
+        room = max_new_tokens - len(decoder.token_ids) - 1
+        draft = find_draft(decoder.ids, min(num_draft, room), ngram_max, ngram_min) if room > 0 else []
+        kept = cache.length                                      # positions before the newest token
+        tokens = torch.tensor([decoder.ids[-1]] + draft, device=model.device)
+        logits = model.forward(tokens, cache=cache)              # (1 + len(draft), vocab): verify all at once
+        choice = logits.argmax(dim=-1).tolist()                  # the model's token after each input token
         accepted = 0
         while accepted < len(draft) and draft[accepted] == choice[accepted]:
             accepted += 1
-        new_tokens = draft[:accepted] + [choice[accepted]]
-        cache.truncate(kept + 1 + accepted)             # forget the K/V of rejected drafts
-        gen.rounds.append(Round(draft, accepted, new_tokens, time.perf_counter() - t0))
+        cache.truncate(kept + 1 + accepted)                      # forget the K/V of rejected drafts
+        seconds = time.perf_counter() - t0
+        # The pass's time goes to its first token: the others arrive with it.
+        new_tokens = []
+        for i, token in enumerate(draft[:accepted] + [choice[accepted]]):
+            decoder.add_token(token, logits[i], seconds if i == 0 else 0.0)
+            new_tokens.append(token)
+            if decoder.finished:                                 # EOS or the limit, mid-round
+                break
+        gen.rounds.append(Round(draft, min(accepted, len(new_tokens)), new_tokens, seconds))
     gen.seconds = time.perf_counter() - start
-    # The last round may have been cut short by EOS or the limit.
-    surplus = sum(len(r.token_ids) for r in gen.rounds) - len(gen.token_ids)
-    if surplus:
-        last = gen.rounds[-1]
-        last.token_ids = last.token_ids[:len(last.token_ids) - surplus]
-        last.accepted = min(last.accepted, len(last.token_ids))
-    gen.text = model.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+    gen.token_ids, gen.text, gen.finish_reason = decoder.token_ids, decoder.text, decoder.finish_reason
     return gen
-
-
-# ----------------------------------------------------------------------------
-# Chart (data in, figure out, as in viz)
-# ----------------------------------------------------------------------------
-
-def rounds_chart(gen: SpeculativeGeneration, tokenizer=None,
-                 title: str = "Speculative decoding: what each forward pass produced") -> "go.Figure":
-    """One stacked bar per forward pass: draft tokens accepted (green), the
-    model's own token (blue), draft tokens rejected (grey, below zero).
-    With a tokenizer, hovering shows the tokens."""
-    import plotly.graph_objects as go
-
-    from . import charts
-
-    def words(ids):
-        return "".join(charts.token_label(t) for t in tokenizer.convert_ids_to_tokens(ids)) if tokenizer and ids else ""
-
-    x = list(range(len(gen.rounds)))
-    accepted = [r.accepted for r in gen.rounds]
-    own = [len(r.token_ids) - r.accepted for r in gen.rounds]
-    rejected = [-len(r.rejected) for r in gen.rounds]
-    kept_text = [words(r.token_ids) for r in gen.rounds]
-    fig = go.Figure([
-        go.Bar(x=x, y=accepted, name="draft accepted", marker_color=charts.GREEN, customdata=kept_text,
-               hovertemplate="pass %{x}: %{y} draft tokens accepted<br>%{customdata}<extra></extra>"),
-        go.Bar(x=x, y=own, name="the model's own token", marker_color=charts.BLUE, customdata=kept_text,
-               hovertemplate="pass %{x}: + the model's token<br>%{customdata}<extra></extra>"),
-        go.Bar(x=x, y=rejected, name="draft rejected (rolled back)", marker_color=charts.GREY,
-               customdata=[words(r.rejected) for r in gen.rounds],
-               hovertemplate="pass %{x}: %{y} rejected<br>%{customdata}<extra></extra>"),
-    ])
-    fig.update_xaxes(title="forward pass (0 = prefill)")
-    fig.update_yaxes(title="tokens (rejected below 0)")
-    sub = (f"{len(gen.token_ids)} tokens in {gen.forward_passes} passes "
-           f"({gen.tokens_per_pass:.2f} per pass); accepted {gen.accepted} of {gen.drafted} drafted")
-    fig.update_layout(title=charts._title(title, sub), barmode="relative", width=900, height=440,
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"))
-    return charts.fit_title(fig)

@@ -1,14 +1,31 @@
 """What a forward pass can record: attention probabilities, hidden states, timings.
 
-Recording is opt-in (`model.forward(ids, record=True)`) and free when off:
-the fast path keeps nothing. Recorded tensors are named the way
-TransformerLens names them, so `trace["blocks.3.attn.pattern"]` is the
-attention probabilities of layer 3.
+Recording is opt-in and free when off: pass a Trace and the forward pass
+records into it,
 
-Shapes, for an input of T tokens (a leading batch axis when the input had one):
+    trace = labkit.Trace()
+    logits = model.forward(ids, trace=trace)
+    trace["blocks.3.attn.hook_pattern"]     # layer 3's attention probabilities
+
+and without one nothing is kept. Recording attends by hand (labkit.attention),
+the one implementation that keeps the probabilities.
+
+Names are TransformerLens's hook names, for the three things recorded:
+
+    hook_embed                    the residual stream entering block 0: token embeddings
+                                  (+ GPT-2's learned positions, which TransformerLens keeps
+                                  apart as hook_pos_embed)
+    blocks.{i}.attn.hook_pattern  block i's attention probabilities (heads, queries, keys)
+    blocks.{i}.hook_resid_post    the residual stream after block i
+
+Shapes, for an input of T tokens (with a leading batch axis when the input
+had one; TransformerLens always has it):
     trace.attentions[layer]   (heads, T, keys)   keys = cached + T
-    trace.hidden[0]           (T, d_model)       the embeddings
-    trace.hidden[layer + 1]   (T, d_model)       the residual stream after that block
+    trace.hidden[0]           (T, d_model)       hook_embed
+    trace.hidden[layer + 1]   (T, d_model)       blocks.{layer}.hook_resid_post
+
+Left out: TransformerLens's other hooks (queries, keys, values, scores, the
+MLP's activations, each norm) and hooks that change activations as they run.
 """
 
 from __future__ import annotations
@@ -22,8 +39,12 @@ import torch
 class Trace:
     attentions: list[torch.Tensor] = field(default_factory=list)
     hidden: list[torch.Tensor] = field(default_factory=list)
-    layer_seconds: list[float] = field(default_factory=list)
-    seconds: float = 0.0
+    layer_seconds: list[float] = field(default_factory=list)   # time spent in each block
+    seconds: float = 0.0                                        # the whole forward pass
+
+    def clear(self) -> None:
+        """Forget a previous recording (forward calls this before recording)."""
+        self.attentions, self.hidden, self.layer_seconds, self.seconds = [], [], [], 0.0
 
     def finish(self, batched: bool) -> None:
         """Drop the batch axis of an unbatched input, so shapes read as above."""
@@ -32,20 +53,20 @@ class Trace:
             self.hidden = [h[0] for h in self.hidden]
 
     def names(self) -> list[str]:
-        out = ["embed"]
+        out = ["hook_embed"]
         for i in range(len(self.attentions)):
-            out += [f"blocks.{i}.attn.pattern", f"blocks.{i}.out"]
+            out += [f"blocks.{i}.attn.hook_pattern", f"blocks.{i}.hook_resid_post"]
         return out
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        if name == "embed":
+        if name == "hook_embed":
             return self.hidden[0]
         parts = name.split(".")
         if len(parts) >= 3 and parts[0] == "blocks" and parts[1].isdigit():
             i, rest = int(parts[1]), ".".join(parts[2:])
-            if rest == "attn.pattern":
+            if rest == "attn.hook_pattern" and i < len(self.attentions):
                 return self.attentions[i]
-            if rest == "out":
+            if rest == "hook_resid_post" and i + 1 < len(self.hidden):
                 return self.hidden[i + 1]
         raise KeyError(f"{name!r}; recorded names look like: {', '.join(self.names()[:3])}, ...")
 

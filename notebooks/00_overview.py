@@ -47,7 +47,7 @@ if "google.colab" in sys.modules:
 import torch
 
 import labkit
-from labkit import costs, charts, widgets
+from labkit import costs, charts, views
 
 model = labkit.load_model()  # no name: the bundled SmolLM2-135M-Instruct, no internet needed
 print(f"loaded in {model.load_seconds:.1f} s")
@@ -205,12 +205,12 @@ print("top-p = 0.9, ten seeds:", labkit.token_strings(model.tokenizer, draws))
 
 # %%
 cache = model.new_cache(max_len=64)
-logits_last, _ = labkit.prefill(model, enc.ids, cache)  # the whole prompt at once
+logits_last = labkit.prefill(model, enc.ids, cache)  # the whole prompt at once
 ids = [labkit.sample(logits_last, method="greedy")[0]]
 print(f"prefill: {len(enc)} tokens in -> {labkit.token_strings(model.tokenizer, ids[-1:])[0]!r:10} "
       f"cache holds {cache.length} positions")
 for _ in range(5):
-    logits_last, _ = labkit.decode_one_token(model, torch.tensor(ids[-1:]), cache)  # one token in
+    logits_last = labkit.decode_one_token(model, torch.tensor(ids[-1:]), cache)  # one token in
     ids.append(labkit.sample(logits_last, method="greedy")[0])
     print(f"decode : 1 token  in -> {labkit.token_strings(model.tokenizer, ids[-1:])[0]!r:10} "
           f"cache holds {cache.length} positions")
@@ -264,7 +264,7 @@ print(f"memory traffic implied by one decode step: {model.weight_nbytes / timed.
 # most likely token.
 
 # %%
-live = widgets.LiveGeneration(model, PROMPT, max_new_tokens=8)
+live = views.LiveGeneration(model, PROMPT, max_new_tokens=8)
 live
 
 # %% [markdown]
@@ -301,7 +301,7 @@ assert list(before.data[0].customdata or []) != live.token_ids       # ... which
 # | 08 | [Optimisations](08_optimisations.ipynb): what serving systems do, and what each buys | the two phases |
 # | 09 | [Lecture dashboard](09_dashboard.ipynb): the interactive views in one place | all |
 #
-# Every chart comes from `labkit.charts`, every control from `labkit.widgets` and
+# Every chart comes from `labkit.charts`, every live view from `labkit.views` and
 # every number from the model: you can read the code behind each cell in the
 # `labkit` package.
 #

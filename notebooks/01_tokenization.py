@@ -45,7 +45,7 @@ if "google.colab" in sys.modules:
 import re
 
 import labkit
-from labkit import charts, widgets
+from labkit import charts, views
 
 model = labkit.load_model()  # the bundled SmolLM2-135M-Instruct, offline
 tokenizer = model.tokenizer  # the 🤗 transformers tokenizer that came with it
@@ -304,7 +304,7 @@ print(f"in 法国的首都是, {n_broken} of {len(zh)} pieces are not whole char
 # text, Chinese, code, emoji, numbers like 1234567.
 
 # %%
-view = widgets.TokenizerView(model, "法国的首都是巴黎。The capital of France is Paris.")
+view = views.TokenizerView(model, "法国的首都是巴黎。The capital of France is Paris.")
 view
 
 # %% [markdown]

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from transformers import GPT2Config
 
 import labkit
-from labkit import charts, widgets
+from labkit import charts, views
 from labkit.model import apply_rope
 
 model = labkit.load_model()  # the bundled SmolLM2-135M-Instruct, offline
@@ -397,7 +397,7 @@ print(f"{model.name} was trained with a context of {model.config.max_len:,} posi
 # speeds for the same pair.)
 
 # %%
-explorer = widgets.PositionExplorer(model, n_positions=N_POS, d_model=D_PE, position=5, pair=2)
+explorer = views.PositionExplorer(model, n_positions=N_POS, d_model=D_PE, position=5, pair=2)
 explorer
 
 # %% [markdown]

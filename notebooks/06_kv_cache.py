@@ -47,11 +47,11 @@ if "google.colab" in sys.modules:
 import torch
 
 import labkit
-from labkit import measure, costs, charts, widgets
+from labkit import measure, costs, charts, timing, views
 
 model = labkit.load_model()  # the bundled SmolLM2-135M-Instruct; on a GPU when there is one
 c = model.config
-ON = measure.device_label(model)  # every timing below is labelled with this
+ON = timing.device_label(model)  # every timing below is labelled with this
 print(model)
 print("timings in this notebook are measured on:", ON)
 
@@ -144,7 +144,7 @@ charts.kv_cache_chart(steps, sizes, allocated_bytes=gen.cache.allocated_nbytes)
 # gives its size after each step.
 
 # %%
-live = widgets.LiveGeneration(model, PROMPT, max_new_tokens=12)
+live = views.LiveGeneration(model, PROMPT, max_new_tokens=12)
 live
 
 # %%
@@ -282,7 +282,7 @@ charts.cache_speedup_chart(speed.lengths, speed.with_cache_s, speed.without_cach
 # for MHA, GQA and MQA at that length.
 
 # %%
-explorer = widgets.PromptLengthExplorer(model, measure.LONG_TEXT, length=32)
+explorer = views.PromptLengthExplorer(model, measure.LONG_TEXT, length=32)
 explorer
 
 # %%

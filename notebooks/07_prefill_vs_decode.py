@@ -54,11 +54,11 @@ if "google.colab" in sys.modules:
 
 # %%
 import labkit
-from labkit import measure, costs, charts
+from labkit import measure, costs, charts, timing
 
 model = labkit.load_model()  # the bundled SmolLM2-135M-Instruct; on a GPU when there is one
 c = model.config
-ON = measure.device_label(model)
+ON = timing.device_label(model)
 CPU = model.device.type == "cpu"  # a GPU is much faster, so it gets longer sequences and larger batches
 print(model)
 print("every number below is measured on:", ON)
@@ -111,7 +111,7 @@ assert ttft.lengths == LENGTHS and ttft.device == ON
 assert ttft.cache_nbytes == [n * model.new_cache(1).bytes_per_token for n in LENGTHS]
 
 # %%
-measure.ttft_chart(ttft)
+charts.ttft_chart(ttft)
 
 # %% [markdown]
 # Why the difference?
@@ -140,7 +140,7 @@ for w, tokens in ((pre, T), (dec, 1)):
     print(f"{w.name:24} {w.flops / 1e9:>8.2f} G {w.bytes / 1e6:>8.0f} M {w.flops / tokens / 1e6:>10.0f} M "
           f"{w.bytes / tokens / 1e6:>10.2f} M {w.intensity:>10.1f}")
 print(f"\nweights: {model.weight_nbytes / 1e6:.0f} MB ({model.dtype}); KV cache read by the decode step: "
-      f"{costs.kv_bytes_per_token(c, model.new_cache(1).k.element_size()) * (T + 1) / 1e6:.1f} MB")
+      f"{costs.kv_bytes_per_token(c, costs.bytes_per_value(model.dtype)) * (T + 1) / 1e6:.1f} MB")
 print(f"the prefill does {pre.intensity / dec.intensity:.0f}x more arithmetic per byte than a decode step")
 assert pre.flops > 100 * dec.flops                   # a large workload ...
 assert pre.intensity > 50 * dec.intensity            # ... with far more work per byte
@@ -164,8 +164,8 @@ assert pre.intensity > 50 * dec.intensity            # ... with far more work pe
 # below the data sheet).
 
 # %%
-bandwidth = measure.measure_bandwidth(model.device)
-peak = measure.measure_matmul_flops(model.device, model.dtype)
+bandwidth = timing.read_bandwidth(model.device)
+peak = timing.matmul_flops_per_s(model.device, model.dtype)
 ridge = costs.ridge_point(peak, bandwidth)
 print(f"measured on {ON}:")
 print(f"  memory bandwidth  {bandwidth / 1e9:8.1f} GB/s")
@@ -228,7 +228,7 @@ assert all(a < b for a, b in zip(sweep.kv_fraction, sweep.kv_fraction[1:]))     
 assert all(a.intensity < b.intensity for a, b in zip(decode_work, decode_work[1:]))
 
 # %%
-measure.batch_chart(sweep)
+charts.batch_chart(sweep)
 
 # %% [markdown]
 # - **Prefill**: once a prefill has enough tokens to keep the device busy,

@@ -48,13 +48,13 @@ if "google.colab" in sys.modules:
 import torch
 
 import labkit
-from labkit import batching, tiled_attention, measure, precision, quantize, speculative
+from labkit import batching, charts, tiled_attention, measure, precision, quantize, speculative, timing
 
 # The reference for every comparison is the model in full fp32 precision (on a GPU
 # too, where load_model() would otherwise choose bf16).
 model = labkit.load_model(dtype="fp32")
 print(model)
-print("measuring on:", measure.device_label(model))
+print("measuring on:", timing.device_label(model))
 
 # %% [markdown]
 # ## 1. Lower precision: fewer bytes per weight (量化, quantization)
@@ -110,7 +110,7 @@ for r in (bf16_r, int8_r):
     assert 0 < r.quality.kl_mean < 0.1 and r.quality.top1_agreement > 0.8
 
 # %%
-precision.precision_chart(results)
+charts.precision_chart(results)
 
 # %% [markdown]
 # How to read the speed panel: on a GPU, bf16 is the native format and runs fastest
@@ -167,7 +167,7 @@ assert torch.allclose(tiled, plain, atol=1e-4)
 assert stats.max_scores_held == BLOCK * BLOCK < stats.full_scores
 
 # %%
-tiled_attention.tiles_chart(T, T, BLOCK)
+charts.tiles_chart(T, T, BLOCK)
 
 # %% [markdown]
 # The score matrix grows with the square of the sequence; the tile does not grow at
@@ -179,14 +179,14 @@ for n in (512, 2048, 8192, 32768):
           f"one {BLOCK} x {BLOCK} tile {BLOCK * BLOCK * 4 / 1e3:.0f} kB")
 
 # %% [markdown]
-# Does the whole model still say the same thing? `tiled_attention.in_models()` routes the
-# model's fast attention path (prefill and every decode step) through
-# `flash_attention` for the duration of a `with` block:
+# Does the whole model still say the same thing? `tiled_attention.in_model(model)` sets
+# `model.attention = "tiled"` (prefill and every decode step attend through
+# `flash_attention`) for the duration of a `with` block:
 
 # %%
 ids = measure.long_prompt_ids(model, 96)
 reference_logits = model.forward(ids)
-with tiled_attention.in_models(block_size=32):
+with tiled_attention.in_model(model, block_size=32):
     flash_logits = model.forward(ids)
     flash_gen = labkit.generate(model, "The capital of France is", max_new_tokens=4)
 greedy_gen = labkit.generate(model, "The capital of France is", max_new_tokens=4)
@@ -204,12 +204,12 @@ assert flash_gen.token_ids == greedy_gen.token_ids
 # from one tile at a time.
 
 # %%
-sdpa_t, _ = measure.time_fn(lambda: torch.nn.functional.scaled_dot_product_attention(
+sdpa_t, _ = timing.time_fn(lambda: torch.nn.functional.scaled_dot_product_attention(
     q, k, v, is_causal=True, enable_gqa=True), model.device)
-tiled_t, _ = measure.time_fn(lambda: tiled_attention.flash_attention(q, k, v, block_size=BLOCK), model.device,
-                             repeats=1, warmup=0)
+tiled_t, _ = timing.time_fn(lambda: tiled_attention.flash_attention(q, k, v, block_size=BLOCK), model.device,
+                            repeats=1, warmup=0)
 print(f"PyTorch's fused kernel: {sdpa_t.median * 1e3:.1f} ms; our Python tiles: {tiled_t.median * 1e3:.1f} ms "
-      f"({measure.device_label(model)})")
+      f"({timing.device_label(model)})")
 
 # %% [markdown]
 # ## 3. Speculative decoding without a second model (投机解码)
@@ -251,12 +251,12 @@ print(f"{len(spec_gen.token_ids)} tokens in {spec_gen.forward_passes} forward pa
       f"({spec_gen.tokens_per_pass:.2f} tokens per pass) instead of {len(plain_gen.token_ids)}")
 print(f"acceptance rate: {spec_gen.accepted} of {spec_gen.drafted} drafted tokens = {spec_gen.acceptance_rate:.0%}")
 print(f"time: greedy {plain_gen.total_s:.2f} s, speculative {spec_gen.seconds:.2f} s "
-      f"-> speed-up {plain_gen.total_s / spec_gen.seconds:.2f}x ({measure.device_label(model)})")
+      f"-> speed-up {plain_gen.total_s / spec_gen.seconds:.2f}x ({timing.device_label(model)})")
 assert spec_gen.token_ids == plain_gen.token_ids          # identical to plain greedy decoding
 assert spec_gen.forward_passes < len(spec_gen.token_ids)  # fewer passes than tokens
 
 # %%
-speculative.rounds_chart(spec_gen, model.tokenizer)
+charts.rounds_chart(spec_gen, model.tokenizer)
 
 # %% [markdown]
 # Green bars are drafts the model confirmed, blue the token it adds itself, grey
@@ -323,7 +323,7 @@ assert cont.padding_utilisation == 1 and static.padding_utilisation < 1
 assert max(len(s.running) for s in cont.steps) <= MAX_BATCH
 
 # %%
-batching.timeline_chart(served)
+charts.timeline_chart(served)
 
 # %% [markdown]
 # In the static panel, look for the staircases: a batch starts, its short requests
@@ -332,7 +332,7 @@ batching.timeline_chart(served)
 # almost as soon as it arrives, and the bottom panel shows the batch staying fuller.
 
 # %%
-batching.summary_chart(served)
+charts.summary_chart(served)
 
 # %% [markdown]
 # The simulation is deterministic, so with fixed step costs (20 ms + 2 ms per

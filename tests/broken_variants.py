@@ -17,6 +17,7 @@ written for a bug: it is the proof that the test can fail.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 import types
@@ -107,8 +108,10 @@ def generate_ignores_method(mp):
 
     original = g.sample
 
-    def sample(logits, method="greedy", **kwargs):
-        return original(logits, "greedy", **kwargs)
+    def sample(logits, method="greedy", *, params=None, **kwargs):
+        if params is not None:                       # the Decoder passes its SamplingParams
+            params = dataclasses.replace(params, method="greedy")
+        return original(logits, "greedy", params=params, **kwargs)
     mp.setattr(g, "sample", sample)
 
 
@@ -160,6 +163,18 @@ def _percentile_owner(module):
     raise AssertionError("no class with a percentile method in labkit.batching")
 
 
+@variant("the causal mask lets each query see one key past its own position",
+         "tests/test_forward.py", "tests/test_cuda_graphs.py")
+def causal_mask_one_too_many(mp):
+    a = importlib.import_module("labkit.attention")
+
+    original = a.causal_mask
+
+    def causal_mask(n_queries, n_keys, start, device=None):
+        return original(n_queries, n_keys, start + 1, device)
+    replace_everywhere(mp, original, causal_mask)
+
+
 # ----------------------------------------------------------------------------
 # pytest glue (tests/conftest.py adds the --broken option and calls this)
 # ----------------------------------------------------------------------------
@@ -171,8 +186,8 @@ def apply(name: str):
     import pytest
 
     import labkit  # noqa: F401  (every labkit module imported, so every name can be patched)
-    for module in ("batching", "cuda_graphs", "generation", "measure", "model", "precision", "quantize",
-                   "sampling", "speculative", "tiled_attention"):
+    for module in ("attention", "batching", "cuda_graphs", "generation", "measure", "model", "precision",
+                   "quantize", "sampling", "speculative", "tiled_attention"):
         importlib.import_module(f"labkit.{module}")
     mp = pytest.MonkeyPatch()
     VARIANTS[name].apply(mp)

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from labkit import batching as B
+from labkit import charts
 
 
 @pytest.fixture(scope="module")
@@ -110,10 +111,10 @@ def test_bad_arguments(busy):
 
 def test_charts(busy):
     res = B.compare(busy, max_batch=4)
-    fig = B.timeline_chart(res)
+    fig = charts.timeline_chart(res)
     assert len([t for t in fig.data if t.type == "bar"]) == 5          # waiting, running x 2, static padding
     assert "static" in fig.layout.annotations[0].text and "continuous" in fig.layout.annotations[1].text
-    fig = B.summary_chart(res)
+    fig = charts.summary_chart(res)
     assert len(fig.data) == 4 and list(fig.data[0].x) == ["static", "continuous"]
 
 

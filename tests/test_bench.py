@@ -1,6 +1,6 @@
-"""The benchmark's helpers: device measurements return sensible numbers, the
-report's arithmetic is right, and one tiny run goes end to end. No timing
-assertions: the machine may be busy."""
+"""The benchmark's helpers: the report's arithmetic is right, and one tiny run
+goes end to end. No timing assertions: the machine may be busy. (The device
+probes it calls are tested in test_timing.py.)"""
 
 import json
 
@@ -8,14 +8,7 @@ import pytest
 import torch
 
 import labkit
-from labkit import bench
-
-
-def test_bandwidth_and_flops_are_positive():
-    bw = bench.measure_bandwidth("cpu", nbytes=8 << 20, repeats=2)
-    assert bw["read"] > 1e8 and bw["copy"] > 1e8                 # > 0.1 GB/s on anything
-    assert bench.measure_flops("cpu", torch.float32, n=128, repeats=2) > 1e7
-    assert bench.measure_flops("cpu", torch.bfloat16, n=128, repeats=2) > 1e7
+from labkit import bench, costs
 
 
 def fake_measurements():
@@ -45,7 +38,7 @@ def test_report_medians_ratios_and_utilisation():
     lab = next(r for r in report["rows"] if r["engine"] == "labkit fp32")
     assert lab["ttft_ms"] == pytest.approx(20.0) and lab["tpot_ms"] == pytest.approx(45.0)
     nbytes = 400_000_000 + 1000 * (5 + 10 // 2)       # weights + K/V of the median step's context
-    assert lab["bytes_per_token"] == nbytes
+    assert lab["bytes_per_token"] == nbytes == costs.forward_bytes(400_000_000, 1000, 5 + 10 // 2)
     assert lab["utilisation"] == pytest.approx(nbytes / 0.045 / 10e9)
     (ratio,) = report["ratios"]
     # per round: 40/90 and 50/90 (the third labkit round has no partner); median of the two
@@ -63,10 +56,6 @@ def test_format_report_mentions_everything():
     text = bench.format_report(info, bench.build_report(fake_measurements()))
     for needle in ("10.0 GB/s", "labkit / transformers, fp32", "x0.50 [0.44-0.56]", "x20", "KL mean 0.01", "a note"):
         assert needle in text, needle
-
-
-def test_decode_bytes():
-    assert bench.decode_bytes(100, 10, 7) == 170
 
 
 def test_prompt_ids_have_the_asked_length(model):

@@ -380,6 +380,41 @@ def test_roofline_chart():
     assert "H200" in fig.layout.title.text
 
 
+def test_ttft_points_chart_marks_the_current_length():
+    fig = charts.ttft_points_chart({64: 0.02, 8: 0.005}, current=64, max_length=100, device="cpu")
+    line, now = fig.data
+    assert list(line.x) == [8, 64] and list(line.y) == pytest.approx([5.0, 20.0])   # sorted, in ms
+    assert (now.x[0], now.y[0]) == (64, pytest.approx(20.0))
+    assert fig.layout.xaxis.range[1] == pytest.approx(105) and "2 lengths measured on cpu" in fig.layout.title.text
+    assert len(charts.ttft_points_chart({}).data) == 1                                 # nothing measured yet
+
+
+@pytest.mark.parametrize("n_queries, n_keys, block, counts", [
+    (8, 8, 4, (1, 2, 1)),        # below, on and above the diagonal
+    (2, 10, 4, (2, 1, 0)),       # decode-like: 2 new queries see every earlier key
+])
+def test_tiles_chart_counts_tiles_by_the_causal_mask(n_queries, n_keys, block, counts):
+    fig = charts.tiles_chart(n_queries, n_keys, block)
+    legend = [t.name for t in fig.data if t.showlegend is not False]
+    assert [int(name.rsplit(": ", 1)[1]) for name in legend] == list(counts)
+    assert f"{n_queries} x {n_keys} scores" in fig.layout.title.text
+
+
+def test_rounds_chart_one_bar_per_forward_pass():
+    from types import SimpleNamespace as NS
+    rounds = [NS(token_ids=[5], accepted=0, rejected=[]),                  # the prefill
+              NS(token_ids=[6, 7, 8], accepted=2, rejected=[9])]          # 2 drafts kept, 1 rolled back
+    gen = NS(rounds=rounds, token_ids=[5, 6, 7, 8], forward_passes=2, tokens_per_pass=2.0, accepted=2, drafted=3)
+    accepted, own, rejected = charts.rounds_chart(gen).data
+    assert list(accepted.y) == [0, 2] and list(own.y) == [1, 1] and list(rejected.y) == [0, -1]
+    assert "accepted 2 of 3 drafted" in charts.rounds_chart(gen).layout.title.text
+
+
+def test_title_text_puts_the_subtitle_on_a_smaller_line():
+    assert charts.title_text("Main") == charts.title_text("Main", "") == "Main"
+    assert charts.title_text("Main", "sub") == "Main<br><sup>sub</sup>"
+
+
 # --------------------------------------------------------------------------
 # Theme and saving
 # --------------------------------------------------------------------------
@@ -446,7 +481,8 @@ def paris(model):
     import labkit
 
     enc = labkit.encode(model, "The capital of France is")
-    logits, trace = model.forward(enc.ids, record=True)
+    trace = labkit.Trace()
+    logits = model.forward(enc.ids, trace=trace)
     return enc, logits, trace
 
 

@@ -27,7 +27,7 @@ def extra_square_flops(c, t):
 @pytest.mark.parametrize("last_only", [False, True])
 def test_prefill_flops_match_counter(kind, last_only):
     m = labkit.Model(tiny_hf_model(kind))
-    m.attention = "manual"          # plain matmuls, which the counter sees
+    m.attention = "by_hand"         # plain matmuls, which the counter sees
     ids = torch.arange(24)
     c = m.config
     expected = costs.forward_flops(c, 24, last_only=last_only) + extra_square_flops(c, 24)
@@ -36,7 +36,7 @@ def test_prefill_flops_match_counter(kind, last_only):
 
 def test_decode_flops_match_counter():
     m = labkit.Model(tiny_hf_model("llama"))
-    m.attention = "manual"
+    m.attention = "by_hand"
     cache = m.new_cache(max_len=64)
     m.forward(torch.arange(30), cache=cache)
     assert counted_flops(m, torch.tensor([5]), cache) == costs.forward_flops(m.config, 1, n_cached=30)
@@ -63,10 +63,28 @@ def test_default_model_counts(model):
     assert held == 8 * KV_FP32 and cache.nbytes == held and cache.bytes_per_token == KV_FP32
 
 
+def test_one_kv_formula_and_bytes_per_value():
+    """The KV cache's formula has one home (labkit.kv_cache.bytes_per_token); costs and
+    the charts call it; bytes per value is the dtype's size."""
+    from labkit import charts, kv_cache
+
+    assert kv_cache.bytes_per_token(30, 3, 64, 4) == KV_FP32
+    assert kv_cache.bytes_per_token(30, 3, 64, 4, batch_size=5) == 5 * KV_FP32
+    assert [costs.bytes_per_value(d) for d in (torch.float32, torch.bfloat16, torch.float16, torch.int8)] \
+        == [4, 2, 2, 1]
+    assert charts.kv_cache_bytes(30, 3, 64, seq_len=7, bytes_per_value=4, batch_size=2) == 14 * KV_FP32
+
+
+def test_forward_bytes_are_weights_and_kv():
+    """Every weight once, shared by the batch; each sequence's K and V of its positions."""
+    assert costs.forward_bytes(100, 10, 7) == 170
+    assert costs.forward_bytes(100, 10, 7, batch_size=3) == 100 + 3 * 70
+
+
 @pytest.fixture
 def manual(model):
     """The session model with by-hand attention (plain matmuls the counter sees), restored after."""
-    before, model.attention = model.attention, "manual"
+    before, model.attention = model.attention, "by_hand"
     yield model
     model.attention = before
 

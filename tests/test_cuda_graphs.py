@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import labkit
-import labkit.model as transformer
+import labkit.attention as attention
 from tiny_models import tiny_hf_model
 from labkit.cuda_graphs import GraphDecoder
 
@@ -55,10 +55,10 @@ def eager_greedy(model, ids, n):
     """Greedy tokens from the eager path: labkit.prefill, then labkit.decode_one_token."""
     ids = ids.to(model.device)
     cache = model.new_cache(max_len=len(ids) + n)
-    logits, _ = labkit.prefill(model, ids, cache)
+    logits = labkit.prefill(model, ids, cache)
     tokens = [int(logits.argmax())]
     for _ in range(n - 1):
-        logits, _ = labkit.decode_one_token(model, torch.tensor([tokens[-1]], device=model.device), cache)
+        logits = labkit.decode_one_token(model, torch.tensor([tokens[-1]], device=model.device), cache)
         tokens.append(int(logits.argmax()))
     return tokens
 
@@ -68,10 +68,10 @@ def eager_logits(model, ids, tokens):
     eager cached path. Row 0 is the prompt's; row j the step that feeds tokens[j-1]."""
     ids = ids.to(model.device)
     cache = model.new_cache(max_len=len(ids) + len(tokens))
-    logits, _ = labkit.prefill(model, ids, cache)
+    logits = labkit.prefill(model, ids, cache)
     rows = [logits.reshape(-1)]
     for t in tokens[:-1]:
-        logits, _ = labkit.decode_one_token(model, torch.tensor([t], device=model.device), cache)
+        logits = labkit.decode_one_token(model, torch.tensor([t], device=model.device), cache)
         rows.append(logits.reshape(-1))
     return torch.stack(rows).float()
 
@@ -306,7 +306,7 @@ def test_decode_reads_only_the_used_cache(monkeypatch):
     m = labkit.Model(tiny_hf_model("llama"))           # 8 query heads, 2 KV heads
     cache = m.new_cache(max_len=200)
     m.forward(torch.arange(10), cache=cache)
-    shapes = spy_sdpa(monkeypatch, transformer)
+    shapes = spy_sdpa(monkeypatch, attention)
     m.forward(torch.tensor([5]), cache=cache)
     assert len(shapes) == m.config.n_layers
     q_shape, k_shape = shapes[0]
@@ -315,12 +315,10 @@ def test_decode_reads_only_the_used_cache(monkeypatch):
 
 
 def test_static_step_reads_one_bucket(monkeypatch):
-    import labkit.cuda_graphs as fast
-
     m = labkit.Model(tiny_hf_model("llama"))
     dec = GraphDecoder(m, max_len=200, bucket=16)
     dec.prefill(torch.arange(10))
-    shapes = spy_sdpa(monkeypatch, fast)
+    shapes = spy_sdpa(monkeypatch, attention)
     dec.step(5)
     assert shapes[0][1] == (1, 2, 16, 8)                # one bucket of 16 slots of 200, KV not repeated
 

@@ -110,12 +110,13 @@ def test_prompt_box_waits_for_the_event_loop(model):
 
 def test_page_figures_under_voila(model, monkeypatch):
     """Under Voila the charts are Output widgets whose outputs are replaced at each update."""
-    from labkit import dashboard
+    from labkit import jupyter
 
     monkeypatch.setenv("VOILA_BASE_URL", "/")
-    assert dashboard.in_voila()
+    assert jupyter.in_voila()
     d = Dashboard(model, max_new_tokens=3)
-    assert all(isinstance(b, dashboard.PageFigure) for b in d.boxes.values())
+    assert d.figure_mode == d.live.figure_mode == "outputs"
+    assert all(b.mode == "outputs" and isinstance(b.view, ipywidgets.Output) for b in d.boxes.values())
     assert all(d.live.boxes[name] is d.boxes[name] for name in d.live.boxes)
     d.step()
     out = d.boxes["tokens"].view.outputs
@@ -124,5 +125,6 @@ def test_page_figures_under_voila(model, monkeypatch):
     assert shown["data"][0]["customdata"] == d.live.token_ids          # the chart shows the new token
     assert shown["layout"]["width"] == d.boxes["tokens"].width
     assert len(d.figure("timing").data[0].y) == 1
-    assert isinstance(Dashboard(model, figure_widgets=True).boxes["tokens"], dashboard.FigureBox) \
-        or not dashboard.W.USE_FIGUREWIDGET
+    if jupyter.figurewidget_works():                                    # a choice passed in wins
+        assert all(b.mode == "figurewidget" for b in
+                   Dashboard(model, max_new_tokens=2, figure_mode="figurewidget").boxes.values())

@@ -2,7 +2,8 @@
 
 Reference: the transformers model that labkit reads (model.hf). Tolerances:
 1e-3 on the default model's logits in fp32, 1e-4 for cached vs uncached and
-for the tiny random models (whose logits have std ~1.7, tests/tiny_models.py).
+for the tiny random models (whose logits have std ~1.7, tests/tiny_models.py),
+with every attention implementation (model.attention: sdpa, by_hand, tiled).
 16-bit tolerances are measured, see DECODE_TOLERANCE.
 """
 
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import labkit
-from labkit.model import attention_by_hand
+from labkit.attention import IMPLEMENTATIONS, attend, attention_by_hand
 from tiny_models import tiny_hf_model
 
 PROMPTS = [
@@ -54,19 +55,45 @@ def test_paris(model):
     assert model.tokenizer.decode([top]) == " Paris"
 
 
+def tiny_model(kind, attention="sdpa"):
+    m = labkit.Model(tiny_hf_model(kind))
+    m.attention = attention
+    m.tiled_block_size = 8          # "tiled": 37 tokens make 5 x 5 tiles, some across the diagonal
+    return m
+
+
+@pytest.mark.parametrize("attention", IMPLEMENTATIONS)
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2", "llama_mha"])
-def test_tiny_random_models_match_transformers(kind):
-    hf = tiny_hf_model(kind)
-    m = labkit.Model(hf)
+def test_tiny_random_models_match_transformers(kind, attention):
+    m = tiny_model(kind, attention)
     ids = torch.randint(0, 211, (37,), generator=torch.Generator().manual_seed(1))
     ref = hf_logits(m, ids)
-    # Measured: at most 1.1e-5 (fp32 round-off) on logits of std 1.5-1.7. Wrong code moves
-    # them further: GPT-2 with the exact GELU instead of its tanh approximation by 1.9e-3.
-    for attention in ("sdpa", "manual"):
-        m.attention = attention
-        diff = (m.forward(ids) - ref).abs().max()
-        print(f"{kind} {attention}: max |labkit - transformers| = {diff:.2e}, logit std {ref.std():.2f}")
-        assert diff <= 1e-4, attention
+    # Measured: at most 1.1e-5 (fp32 round-off) on logits of std 1.5-1.7, with every
+    # attention implementation. Wrong code moves them further: GPT-2 with the exact GELU
+    # instead of its tanh approximation by 1.9e-3.
+    diff = (m.forward(ids) - ref).abs().max()
+    print(f"{kind} {attention}: max |labkit - transformers| = {diff:.2e}, logit std {ref.std():.2f}")
+    assert diff <= 1e-4
+
+
+def test_attention_setting_is_validated():
+    m = labkit.Model(tiny_hf_model("llama"))
+    assert m.attention == "sdpa"
+    for bad in ("auto", "manual", "flash", ""):
+        with pytest.raises(ValueError, match="attention must be one of 'sdpa', 'by_hand', 'tiled'; got"):
+            m.attention = bad
+    assert m.attention == "sdpa"                         # a rejected value changes nothing
+
+
+def test_recording_attends_by_hand_whatever_the_setting():
+    m = tiny_model("llama", "tiled")
+    ids = torch.arange(12)
+    trace = labkit.Trace()
+    logits = m.forward(ids, trace=trace)
+    assert len(trace.attentions) == m.config.n_layers
+    assert (logits - m.forward(ids)).abs().max() <= 1e-4
+    m.forward(ids[:5], trace=trace)                      # a second recording replaces the first
+    assert trace.attentions[0].shape == (m.config.n_heads, 5, 5) and len(trace.hidden) == m.config.n_layers + 1
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2", "llama_mha"])
@@ -77,7 +104,8 @@ def test_tiny_models_are_informative(kind):
     m = labkit.Model(tiny_hf_model(kind))
     ids = torch.randint(0, 211, (37,), generator=torch.Generator().manual_seed(1))
     logits = hf_logits(m, ids)
-    _, trace = m.forward(ids, record=True)
+    trace = labkit.Trace()
+    m.forward(ids, trace=trace)
     entropy = []
     for probs in trace.attentions:                      # (heads, T, T); rows 1.. see 2..T keys
         p = probs.reshape(-1, len(ids), len(ids))[:, 1:].float()
@@ -101,9 +129,10 @@ def test_qwen2_biases_are_used():
     assert not torch.allclose(m.forward(ids), before)  # labkit reads the live weights
 
 
+@pytest.mark.parametrize("attention", IMPLEMENTATIONS)
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
-def test_cached_decoding_equals_full_forward(kind):
-    m = labkit.Model(tiny_hf_model(kind))
+def test_cached_decoding_equals_full_forward(kind, attention):
+    m = tiny_model(kind, attention)
     ids = torch.randint(0, 211, (20,), generator=torch.Generator().manual_seed(2))
     full = m.forward(ids)
     cache = m.new_cache(max_len=32)
@@ -129,15 +158,22 @@ def test_cached_decoding_on_default_model(model):
 def test_recorded_and_fast_paths_agree(model):
     ids = labkit.encode(model, "The capital of France is").ids
     fast = model.forward(ids)
-    logits, trace = model.forward(ids, record=True)
+    trace = labkit.Trace()
+    logits = model.forward(ids, trace=trace)
     assert (logits - fast).abs().max() <= 1e-4
     c = model.config
     assert len(trace.attentions) == c.n_layers and len(trace.hidden) == c.n_layers + 1
-    pattern = trace["blocks.3.attn.pattern"]
+    assert trace.names()[:3] == ["hook_embed", "blocks.0.attn.hook_pattern", "blocks.0.hook_resid_post"]
+    assert torch.equal(trace["hook_embed"], trace.hidden[0])
+    pattern = trace["blocks.3.attn.hook_pattern"]
     assert pattern.shape == (c.n_heads, len(ids), len(ids))
     assert torch.allclose(pattern.sum(-1), torch.ones(c.n_heads, len(ids)), atol=1e-5)
     assert (pattern.triu(1) == 0).all()                 # causal: no query sees a later key
-    assert torch.equal(trace["blocks.29.out"], trace.hidden[30])
+    assert torch.equal(trace["blocks.29.hook_resid_post"], trace.hidden[30])
+    with pytest.raises(KeyError, match="hook_embed"):
+        trace["blocks.3.attn.pattern"]                  # not a TransformerLens name
+    with pytest.raises(KeyError):
+        trace[f"blocks.{c.n_layers}.hook_resid_post"]   # no such block
 
 
 def test_gqa_by_hand_equals_repeated_kv():
@@ -151,9 +187,23 @@ def test_gqa_by_hand_equals_repeated_kv():
     assert torch.allclose(out, ref, atol=1e-5)
 
 
+@pytest.mark.parametrize("T,S", [(9, 9), (1, 12), (4, 12)], ids=["prefill", "decode", "chunk after a cache"])
+def test_implementations_agree_on_one_call(T, S):
+    """One call of each implementation, queries the newest T of S positions (start = S - T)."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 6, T, 16, generator=g)
+    k, v = torch.randn(2, 3, S, 16, generator=g), torch.randn(2, 3, S, 16, generator=g)
+    ref, probs = attention_by_hand(q, k, v, start=S - T)
+    assert probs.shape == (2, 6, T, S)
+    for implementation in IMPLEMENTATIONS:
+        out = attend(q, k, v, S - T, implementation, block_size=4)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5, msg=implementation)
+
+
 def test_logit_lens_last_layer_is_the_model_prediction(model):
     ids = labkit.encode(model, "The capital of France is").ids
-    logits, trace = model.forward(ids, record=True)
+    trace = labkit.Trace()
+    logits = model.forward(ids, trace=trace)
     top_ids, top_probs = labkit.logit_lens(model, trace, k=3)
     assert top_ids.shape == (model.config.n_layers + 1, len(ids), 3)
     assert torch.equal(top_ids[-1, :, 0], logits.argmax(-1))

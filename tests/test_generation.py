@@ -226,6 +226,53 @@ def test_sampling_matches_a_loop_by_hand(model, method, kwargs, seed):
 
 
 # ----------------------------------------------------------------------------
+# The pieces: prefill, decode_one_token, recompute and the Decoder stepper
+# ----------------------------------------------------------------------------
+
+def test_the_phase_functions_agree_with_one_forward_pass(model):
+    ids = labkit.encode(model, ONCE).ids
+    with torch.inference_mode():
+        full = model.hf(ids[None]).logits[0].float()               # transformers, every position
+    cache = model.new_cache(max_len=len(ids))
+    first = labkit.prefill(model, ids[:-1], cache)                  # (vocab,)
+    assert first.shape == (model.config.vocab_size,) and cache.length == len(ids) - 1
+    last = labkit.decode_one_token(model, ids[-1:], cache)          # one token against the cache
+    assert cache.length == len(ids)
+    baseline = labkit.recompute(model, ids)                         # the whole sequence, no cache
+    assert torch.allclose(first, full[-2], atol=1e-4)
+    assert torch.allclose(last, full[-1], atol=1e-4) and torch.allclose(baseline, full[-1], atol=1e-4)
+
+
+def test_decoder_steps_are_generate(model):
+    params = labkit.SamplingParams("top_p", temperature=1.5, top_p=0.9, seed=3)
+    dec = labkit.Decoder(model, ONCE, 6, params, stop_at_eos=False)
+    n_prompt = len(dec.prompt_ids)
+    first = dec.step()
+    assert first.phase == "prefill" and first.index == 0 and first.cache_len == n_prompt
+    assert dec.last_logits.shape == dec.last_probs.shape == (model.config.vocab_size,)
+    assert dec.last_probs[first.token_id] > 0 and float(dec.last_probs.sum()) == pytest.approx(1, abs=1e-5)
+    more = dec.run(2)
+    assert [s.index for s in more] == [1, 2] and {s.phase for s in more} == {"decode"}
+    dec.run()
+    assert dec.finished and dec.finish_reason == "length" and dec.step() is None and dec.run() == []
+    gen = labkit.generate(model, ONCE, max_new_tokens=6, params=params, stop_at_eos=False)
+    assert dec.token_ids == gen.token_ids and dec.text == gen.text
+    assert dec.generation.token_ids == gen.token_ids and dec.cache.length == n_prompt + 5
+    # generate's keywords make the same SamplingParams
+    same = labkit.generate(model, ONCE, 6, "top_p", temperature=1.5, top_p=0.9, seed=3, stop_at_eos=False)
+    assert same.token_ids == gen.token_ids
+
+
+def test_decoder_params_apply_from_the_next_step(model):
+    dec = labkit.Decoder(model, ONCE, 4, stop_at_eos=False)          # greedy
+    dec.run(2)
+    dec.params = labkit.SamplingParams("temperature", temperature=1.5, seed=1)
+    dec.run()
+    greedy = hf_greedy_once(model)[:4]
+    assert dec.token_ids[:2] == greedy[:2] and dec.token_ids != greedy
+
+
+# ----------------------------------------------------------------------------
 # Beam search
 # ----------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ import scipy.stats
 import torch
 
 import labkit
-from labkit import precision, quantize
+from labkit import charts, precision, quantize
 
 
 # SmolLM2-135M's parameters, counted by hand from its config (30 layers, d_model 576,
@@ -45,17 +45,17 @@ def test_measure_precisions_and_chart(model, bf16):
     assert 0 <= buffers < 1024 and low.weight_nbytes == 2 * N_PARAMS + buffers
     assert ref.text.startswith(" Paris") and len(ref.token_ids) == 3
     assert ref.tpot_s > 0 and low.ttft_s > 0 and "cpu" in ref.device
-    fig = precision.precision_chart(results)
+    fig = charts.precision_chart(results)
     assert len(fig.data) == 3 and list(fig.data[0].x) == ["fp32", "bf16", "fp32 again"]
     assert list(fig.data[0].y) == [r.weight_nbytes / 1e6 for r in results]
     assert list(fig.data[2].y) == [0, q.kl_mean, 0]
 
 
-def test_agrees_with_quantize_compare_on_the_prompt_positions(model, bf16):
-    """The KL at the prompt's positions is what labkit.quantize.compare measures."""
+def test_agrees_with_quantize_measure_quality_on_the_prompt_positions(model, bf16):
+    """The KL at the prompt's positions is what labkit.quantize.measure_quality measures."""
     prompt = "The capital of France is"
     ours = precision.measure_precisions(model, {"bf16": bf16}, [prompt], max_new_tokens=1)[1].quality
-    theirs = quantize.compare(model, bf16, [prompt], max_new_tokens=1)
+    theirs = quantize.measure_quality(model, bf16, [prompt], max_new_tokens=1)
     assert ours.n_positions == theirs.n_positions          # one new token: nothing forced beyond the prompt
     assert ours.kl_mean == pytest.approx(theirs.kl_mean, rel=1e-6)   # measured: equal to the last bit
     assert ours.top1_agreement == theirs.top1_agreement

@@ -23,7 +23,7 @@ from torch import nn
 
 import labkit
 from tiny_models import tiny_hf_model
-from labkit.quantize import (INT4_KERNEL_MAX_ROWS, PROMPTS, Int4Linear, Int8Linear, compare,
+from labkit.quantize import (INT4_KERNEL_MAX_ROWS, PROMPTS, Int4Linear, Int8Linear, measure_quality,
                              kl_divergence, quantize)
 
 
@@ -125,7 +125,7 @@ def test_int8_close_to_fp32(model, int8):
         assert kl_divergence(ref, out).mean() < 0.05, text
         assert (ref.argmax(-1) == out.argmax(-1)).float().mean() > 0.9, text
         assert ref[-1].argmax() == out[-1].argmax(), text           # the next token itself
-    q = compare(model, int8, PROMPTS[:2], max_new_tokens=4)
+    q = measure_quality(model, int8, PROMPTS[:2], max_new_tokens=4)
     assert q.kl_mean < 0.05 and q.greedy_prefix > 0.5, q
 
 
@@ -137,7 +137,7 @@ def test_int4_close_enough(model):
     int4 = quantize(model, "int4")
     assert isinstance(int4.hf.model.layers[0].self_attn.q_proj, Int4Linear)
     assert 0.12 < int4.weight_nbytes / model.weight_nbytes < 0.2
-    q = compare(model, int4, PROMPTS[:2], max_new_tokens=2)
+    q = measure_quality(model, int4, PROMPTS[:2], max_new_tokens=2)
     assert q.kl_mean < 0.6, q
     assert q.top1_agreement > 0.6, q
 

@@ -5,6 +5,7 @@ written out here in float64 numpy, hand-made inputs whose answer is exact, or
 transformers' own logits processors (the ones `model.hf.generate` uses).
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -16,7 +17,7 @@ from transformers.generation.logits_process import (MinPLogitsWarper, Repetition
                                                     TopPLogitsWarper)
 
 import labkit
-from labkit.sampling import distribution, sample
+from labkit.sampling import SamplingParams, distribution, sample, token_probability
 
 VOCAB = 50
 
@@ -348,3 +349,44 @@ def test_bad_logits_are_refused():
         distribution(torch.zeros(2, VOCAB), "temperature")
     with pytest.raises(ValueError, match="NaN"):
         distribution(torch.tensor([0.0, float("nan"), 1.0]), "temperature")
+
+
+# ----------------------------------------------------------------------------
+# SamplingParams: the settings as one value, checked once
+# ----------------------------------------------------------------------------
+
+def test_sampling_params_are_checked_when_made():
+    with pytest.raises(ValueError, match="top_p must be in"):
+        SamplingParams("top_p", top_p=0)
+    with pytest.raises(ValueError, match="method must be one of"):
+        SamplingParams("nucleus")
+    p = SamplingParams("top_k", temperature=0.7, top_k=5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.top_k = 0                                       # stays valid: no setting changes after the check
+    assert dataclasses.replace(p, top_k=3).top_k == 3
+    with pytest.raises(ValueError, match="top_k"):
+        dataclasses.replace(p, top_k=0)                   # a changed copy is checked again
+    assert SamplingParams().greedy and SamplingParams("temperature", temperature=0).greedy
+    assert not SamplingParams("temperature").greedy
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(method="temperature", temperature=1.3), dict(method="top_k", temperature=0.8, top_k=7),
+    dict(method="top_p", temperature=1.2, top_p=0.8), dict(method="min_p", min_p=0.1, repetition_penalty=1.4),
+])
+def test_params_equal_the_keywords(kwargs):
+    x, previous = real_like_logits(3), [5, 9, 40]
+    params = SamplingParams(**kwargs, seed=11)
+    method = kwargs.pop("method")
+    assert torch.equal(distribution(x, params=params, previous_ids=previous),
+                       distribution(x, method, previous_ids=previous, **kwargs))
+    assert [sample(x, params=params, previous_ids=previous)[0] for _ in range(3)] == \
+           [sample(x, method, seed=11, previous_ids=previous, **kwargs)[0] for _ in range(3)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_token_probability_is_the_softmax_entry(dtype):
+    x = real_like_logits(4).to(dtype)
+    reference = softmax64(x.float().numpy())
+    for token in (0, int(x.argmax()), 12345):
+        assert token_probability(x, token) == pytest.approx(reference[token], rel=1e-5, abs=1e-12)

@@ -1,4 +1,4 @@
-"""labkit.widgets driven from pytest, without a browser.
+"""labkit.views (and the labkit.jupyter plumbing under them) driven from pytest, without a browser.
 
 There is no running event loop here, so every control acts at once; the last
 tests start a loop to check that slider bursts are coalesced and long runs
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import labkit
-from labkit import charts, widgets as W
+from labkit import charts, jupyter, views
 
 PROMPT = "The capital of France is"
 
@@ -48,7 +48,7 @@ def count_model_calls(model, monkeypatch) -> list:
 
 @pytest.fixture(scope="module")
 def explorer(model):
-    return W.SamplingExplorer(model, PROMPT, method="temperature")
+    return views.SamplingExplorer(model, PROMPT, method="temperature")
 
 
 def test_sliders_refilter_without_calling_the_model(model, explorer, monkeypatch):
@@ -99,7 +99,7 @@ def test_sample_button_marks_the_drawn_token(explorer):
 
 
 def test_figurewidget_is_changed_in_place(explorer):
-    if not W.USE_FIGUREWIDGET:
+    if explorer.figure_mode != "figurewidget":
         pytest.skip("FigureWidget is not available here")
     box = explorer.boxes["distribution"]
     widget = box.view
@@ -122,7 +122,7 @@ def test_figurewidget_is_changed_in_place(explorer):
 # ----------------------------------------------------------------------------
 
 def test_live_steps_match_generate(model):
-    view = W.LiveGeneration(model, PROMPT, max_new_tokens=4)
+    view = views.LiveGeneration(model, PROMPT, max_new_tokens=4)
     n_prompt = len(view.prompt_ids)
     for _ in range(3):
         view.step()
@@ -142,7 +142,7 @@ def test_live_steps_match_generate(model):
 
 
 def test_live_set_prompt_starts_again_from_it(model):
-    view = W.LiveGeneration(model, PROMPT, max_new_tokens=2)
+    view = views.LiveGeneration(model, PROMPT, max_new_tokens=2)
     view.step()
     view.set_prompt("Water boils at", max_new_tokens=3)
     assert view.token_ids == [] and view.prompt_text == "Water boils at" and view.max_new_tokens == 3
@@ -155,7 +155,7 @@ def test_live_set_prompt_starts_again_from_it(model):
 
 
 def test_buttons_and_selectors(model):
-    view = W.LiveGeneration(model, PROMPT, max_new_tokens=2)
+    view = views.LiveGeneration(model, PROMPT, max_new_tokens=2)
     view.step_button.click()
     view.step_button.click()
     assert len(view.token_ids) == 2
@@ -172,7 +172,7 @@ def test_buttons_and_selectors(model):
 
 
 def test_bad_value_stops_a_step_before_the_model_runs(model):
-    view = W.LiveGeneration(model, PROMPT, max_new_tokens=3, method="top_p")
+    view = views.LiveGeneration(model, PROMPT, max_new_tokens=3, method="top_p")
     view.controls.top_p.value = 0.0
     assert "top_p" in view.error.value                          # shown as soon as it is set
     view.step_button.click()
@@ -181,7 +181,7 @@ def test_bad_value_stops_a_step_before_the_model_runs(model):
 
 
 def test_beam_runs_as_a_whole(model):
-    view = W.LiveGeneration(model, PROMPT, max_new_tokens=2, method="beam", num_beams=2)
+    view = views.LiveGeneration(model, PROMPT, max_new_tokens=2, method="beam", num_beams=2)
     view.run()
     gen = labkit.generate(model, PROMPT, max_new_tokens=2, method="beam", num_beams=2)
     assert view.token_ids == gen.token_ids
@@ -193,34 +193,42 @@ def test_beam_runs_as_a_whole(model):
 
 
 # ----------------------------------------------------------------------------
-# The fallback: an Output that re-renders the figure
+# The other figure modes: an Output that re-renders the figure
 # ----------------------------------------------------------------------------
 
-def test_output_fallback(model, monkeypatch):
-    monkeypatch.setattr(W, "USE_FIGUREWIDGET", False)
-    view = W.SamplingExplorer(model, PROMPT, method="top_k", top_k=50)
+@pytest.mark.parametrize("mode", ["display", "outputs"])
+def test_output_modes(model, mode):
+    view = views.SamplingExplorer(model, PROMPT, method="top_k", top_k=50, figure_mode=mode)
     box = view.boxes["distribution"]
     assert not isinstance(box.view, go.FigureWidget)
 
     def shown_colours():
         (out,) = box.view.outputs
         return out["data"]["application/vnd.plotly.v1+json"]["data"][0]["marker"]["color"]
-    assert sum(c != charts.GREY for c in shown_colours()) == W.TOP_N
+    assert sum(c != charts.GREY for c in shown_colours()) == views.TOP_N
     view.controls.top_k.value = 3
     assert sum(c != charts.GREY for c in shown_colours()) == 3
 
-    live = W.LiveGeneration(model, PROMPT, max_new_tokens=2)
+    live = views.LiveGeneration(model, PROMPT, max_new_tokens=2, figure_mode=mode)
     live.step()
+    assert all(box.mode == mode for box in live.boxes.values())
     (out,) = live.boxes["tokens"].view.outputs
     assert len(out["data"]["application/vnd.plotly.v1+json"]["data"][0]["text"]) == 1
 
 
-def test_colab_gets_the_fallback(monkeypatch):
+def test_figure_mode_follows_where_the_kernel_runs(model, monkeypatch):
     import sys
     import types
-    assert W._figurewidget_works() == W.USE_FIGUREWIDGET      # decided once, at import
+    assert jupyter.default_figure_mode() == ("figurewidget" if jupyter.figurewidget_works() else "display")
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
-    assert W._figurewidget_works() is False
+    assert jupyter.figurewidget_works() is False and jupyter.default_figure_mode() == "display"
+    monkeypatch.setenv("VOILA_BASE_URL", "/")
+    assert jupyter.in_voila() and jupyter.default_figure_mode() == "outputs"
+    assert views.TokenizerView(model, "Hi").boxes["tokens"].mode == "outputs"     # chosen per view, at build
+    with pytest.raises(ValueError, match="figure_mode must be one of"):
+        views.TokenizerView(model, "Hi", figure_mode="widget")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        jupyter.FigureBox(go.Figure(), mode="svg")
 
 
 # ----------------------------------------------------------------------------
@@ -228,7 +236,7 @@ def test_colab_gets_the_fallback(monkeypatch):
 # ----------------------------------------------------------------------------
 
 def test_tokenizer_view_follows_the_text(model):
-    view = W.TokenizerView(model, "Hello")
+    view = views.TokenizerView(model, "Hello")
     view.text.value = PROMPT
     enc = labkit.encode(model, PROMPT)
     strip, table = view.figures()
@@ -241,7 +249,7 @@ def test_tokenizer_view_follows_the_text(model):
 
 
 def test_attention_explorer_draws_the_chosen_head(model, monkeypatch):
-    view = W.AttentionExplorer(model, PROMPT)
+    view = views.AttentionExplorer(model, PROMPT)
     no_model_calls(model, monkeypatch)
     view.selectors.layer.value, view.selectors.head.value = 7, 4
     head, grid = view.figures()
@@ -251,7 +259,7 @@ def test_attention_explorer_draws_the_chosen_head(model, monkeypatch):
 
 
 def test_position_explorer_marks_the_chosen_pair(model):
-    view = W.PositionExplorer(model, n_positions=32, d_model=16)
+    view = views.PositionExplorer(model, n_positions=32, d_model=16)
     view.position.value, view.pair.value = 9, 3
     sin_fig, rope_fig = view.figures()
     box = sin_fig.layout.shapes[-1]
@@ -263,7 +271,7 @@ def test_position_explorer_marks_the_chosen_pair(model):
 
 def test_prompt_length_explorer(model):
     text = "The capital of France is Paris. " * 6
-    view = W.PromptLengthExplorer(model, text, length=8)
+    view = views.PromptLengthExplorer(model, text, length=8)
     view.slider.value = 20
     ttft, cache = view.figures()
     assert sorted(view.ttft) == [8, 20] and list(ttft.data[0].x) == [8, 20]
@@ -287,20 +295,20 @@ def test_display_copies_and_html(model, explorer, tmp_path):
 # ----------------------------------------------------------------------------
 
 def test_slider_burst_runs_the_model_once(model, monkeypatch):
-    view = W.PromptLengthExplorer(model, "The capital of France is Paris. " * 4, length=4)
+    view = views.PromptLengthExplorer(model, "The capital of France is Paris. " * 4, length=4)
     calls = count_model_calls(model, monkeypatch)
 
     async def drag():
         for n in (5, 6, 7, 8, 9):
             view.slider.value = n
         assert calls == []                                      # nothing yet: waiting for the burst to end
-        await asyncio.sleep(W.MODEL_DELAY_S + 0.5)
+        await asyncio.sleep(jupyter.MODEL_DELAY_S + 0.5)
     asyncio.run(drag())
     assert len(calls) == 1 and view.length == 9
 
 
 def test_run_button_yields_and_stops(model):
-    view = W.LiveGeneration(model, PROMPT, max_new_tokens=20)
+    view = views.LiveGeneration(model, PROMPT, max_new_tokens=20)
 
     async def run_then_stop():
         view.run_button.click()
@@ -315,7 +323,7 @@ def test_run_button_yields_and_stops(model):
 
 
 def test_live_generation_regenerates_when_a_control_moves(model):
-    view = W.LiveGeneration(model, "Once upon a time", max_new_tokens=4, method="temperature",
+    view = views.LiveGeneration(model, "Once upon a time", max_new_tokens=4, method="temperature",
                                   temperature=1.0, regenerate=True, seed=0)
     view.run()
     first = list(view.token_ids)

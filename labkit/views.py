@@ -1,6 +1,6 @@
-"""Controls and live views for the notebooks: sliders and buttons that redraw viz charts.
+"""The live views of the notebooks: controls and charts that answer as you move them.
 
-    view = labkit.widgets.SamplingExplorer(model, "The capital of France is")
+    view = labkit.views.SamplingExplorer(model, "The capital of France is")
     view                        # a cell ending in a view shows it
 
 The views, in the order the notebooks meet them (each has `.widget`, the
@@ -14,321 +14,37 @@ ipywidgets box to show; `.figures()`, copies of its current charts; and
     LiveGeneration(model, prompt)     step / run / reset through generation, one token at a time
     PromptLengthExplorer(model, text) prefill the first N tokens: TTFT and KV cache size
 
-and the controls they are built from: SamplingControls (method dropdown and
-temperature / top-k / top-p / min-p sliders) and LayerHeadControls.
+Each is a labkit.jupyter.View: its charts are FigureBoxes (how they redraw under
+JupyterLab, Voila and Colab, and why redraws wait a moment, is explained
+there), its sliders and dropdowns come from labkit.controls, its figures from
+labkit.charts. Every view takes `figure_mode` (None: for where the kernel runs).
 
-How a chart changes. In JupyterLab each chart is a plotly FigureWidget, and a
-redraw changes only what differs, in one `batch_update` message, so the chart
-does not flash. Colab ships ipywidgets 7.7 and plotly 5, where FigureWidget does
-not display (plotly issue 2202, colabtools issue 5889); there, and wherever
-FigureWidget cannot be imported (plotly >= 6 needs anywidget), each chart is an
-`ipywidgets.Output` that re-renders the figure. `USE_FIGUREWIDGET` holds the
-choice, made once at import; set it before building a view to override it.
-
-Why redraws wait a moment. A slider dragged in the browser sends a new value
-every few milliseconds, and the kernel handles them one after another. If each
-one ran the model, the kernel would be busy long after the hand stopped. So a
-slider only *asks* for a redraw, on the kernel's event loop a little later, and
-a newer request replaces an older one still waiting: a drag costs one redraw,
-for the last value (`_Later`). Long jobs (run, sweep) go one step per turn of
-the loop, so a click on reset or stop is answered between steps. With no event
-loop running (pytest, a script) everything happens at once, in order.
-
-Errors raised inside a callback (say top-p = 0, which the engine rejects) are
-shown in red in the view, not lost in a log. Calling a method directly (`step()`,
-`set_length(n)`) raises as usual.
-
-Only APIs present in both ipywidgets 7.7 and 8 are used. Left out: stop
-strings and repetition penalty in the controls, and step-by-step beam search
-(the engine runs beam search as a whole; see LiveGeneration).
+Left out: step-by-step beam search (the engine runs beam search as a whole; see
+LiveGeneration), and the lecture dashboard (dashboard.py, built on LiveGeneration).
 """
 
 from __future__ import annotations
 
-import asyncio
 import html
-import json
 import math
-import sys
 import time
-import traceback
-from pathlib import Path
 from typing import Callable
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
-import plotly.io as pio
 import torch
 
 from . import charts
+from .controls import METHOD_LABELS, LayerHeadControls, SamplingControls, slider_style
+from .costs import bytes_per_value
 from .encoding import encode, model_rope_angles, rope_angles, sinusoidal_positions, token_strings
-from .generation import decode_one_token, eos_ids, generate, prefill
-from .sampling import METHODS, check_sampling, distribution, sample
+from .generation import Decoder, generate, prefill
+from .jupyter import MODEL_DELAY_S, View
+from .sampling import SamplingParams, distribution, sample
+from .timing import sync
+from .trace import Trace
 
-
-def _figurewidget_works() -> bool:
-    """FigureWidget displays in JupyterLab / Notebook 7, not in Colab, and needs
-    anywidget on plotly >= 6 (importing it raises ImportError without)."""
-    if "google.colab" in sys.modules:
-        return False
-    try:
-        from plotly.graph_objs._figurewidget import FigureWidget  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-USE_FIGUREWIDGET: bool = _figurewidget_works()
-
-REDRAW_DELAY_S = 0.05   # model-free redraws: just enough to merge a burst of slider values
-MODEL_DELAY_S = 0.25    # redraws that run the model: wait until the slider rests
-JOB_PAUSE_S = 0.02      # between the steps of a run: time for the kernel to read clicks
 TOP_N = 20              # candidate tokens shown in a distribution chart
-
-
-# ----------------------------------------------------------------------------
-# Plumbing: deferred calls, one chart, what every view shares
-# ----------------------------------------------------------------------------
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    """The kernel's event loop when we are called from it (a widget callback, a cell)."""
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
-def _in_kernel() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    return getattr(get_ipython(), "kernel", None) is not None
-
-
-class _Later:
-    """Run a function `delay` seconds later on the event loop; a newer call
-    replaces one still waiting, so a burst of requests runs it once.
-    With no running loop the function runs at once."""
-
-    def __init__(self, delay: float):
-        self.delay = delay
-        self._fn: Callable[[], None] | None = None
-        self._handle: asyncio.TimerHandle | None = None
-
-    def call(self, fn: Callable[[], None]) -> None:
-        self._fn = fn
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-        loop = _running_loop()
-        if loop is None:
-            self.flush()
-        else:
-            self._handle = loop.call_later(self.delay, self.flush)
-
-    def flush(self) -> None:
-        """Run the waiting call now (if any)."""
-        if self._handle is not None:
-            self._handle.cancel()
-        fn, self._fn, self._handle = self._fn, None, None
-        if fn is not None:
-            fn()
-
-    @property
-    def pending(self) -> bool:
-        return self._fn is not None
-
-
-def _sync(widget: go.FigureWidget, fig: go.Figure, same_template: bool = False) -> None:
-    """Make a FigureWidget show `fig`, sending only what changed, in one message.
-
-    same_template: the widget already has fig's template. Checking that costs
-    more than the rest of an update (a template is a large object), so the
-    caller says so when it knows.
-    """
-    new = fig.to_dict()
-    layout = new["layout"]
-    keep = ("template",) if same_template else ()
-    if same_template:
-        layout.pop("template", None)
-    with widget.batch_update():
-        if [t.type for t in widget.data] == [t["type"] for t in new["data"]]:
-            for trace, props in zip(widget.data, new["data"]):
-                _assign(trace, props, keep=("uid",))   # uid: the widget's own trace ids
-        else:
-            widget.data = ()
-            widget.add_traces(fig.data)
-        _assign(widget.layout, layout, keep=keep)
-
-
-def _assign(obj, props: dict, keep: tuple[str, ...] = ()) -> None:
-    """Set every property of a trace or layout to `props`; clear the ones it lacks
-    (except `keep`). Plotly compares each value with the one it has and sends
-    only real changes."""
-    for key in obj.to_plotly_json():
-        if key not in props and key not in keep:
-            obj[key] = None
-    for key, value in props.items():
-        obj[key] = value
-
-
-class FigureBox:
-    """One chart of a view: a FigureWidget changed in place, or (USE_FIGUREWIDGET
-    False) an Output that re-renders the figure.
-
-    width / height, when given, are forced on every figure shown, so the page
-    does not jump as the data grows.
-    """
-
-    def __init__(self, fig: go.Figure, width: int | None = None, height: int | None = None):
-        self.width, self.height = width, height
-        self.figure = self._sized(fig)
-        self.live = USE_FIGUREWIDGET
-        self.view = go.FigureWidget(self.figure) if self.live else widgets.Output()
-        self._template = pio.templates.default   # the template the figure was built with
-        if not self.live:
-            self._render()
-        min_height = height or self.figure.layout.height
-        self.widget = widgets.Box([self.view], layout=widgets.Layout(
-            min_height=f"{int(min_height)}px" if min_height else None))
-
-    def update(self, fig: go.Figure) -> None:
-        self.figure = self._sized(fig)
-        if self.live:
-            # Figures take the default template when built; the same name means the
-            # same template (unless someone edited it in place), so skip comparing it.
-            template = pio.templates.default
-            _sync(self.view, self.figure, same_template=template == self._template)
-            self._template = template
-        else:
-            self._render()
-
-    def _sized(self, fig: go.Figure) -> go.Figure:
-        if self.width or self.height:
-            fig.update_layout(width=self.width or fig.layout.width, height=self.height or fig.layout.height)
-        return fig
-
-    def _render(self) -> None:
-        if _in_kernel():
-            from IPython.display import clear_output, display
-            with self.view:
-                clear_output(wait=True)   # wait: swap in the new chart without a blank flash
-                display(self.figure)
-        else:
-            # No kernel (pytest, a script): nothing can draw it, but keep the same
-            # state a kernel would have made, so it can be inspected.
-            self.view.outputs = ({"output_type": "display_data", "metadata": {}, "data": {
-                "application/vnd.plotly.v1+json": json.loads(pio.to_json(self.figure)),
-                "text/plain": f"<Figure: {self.figure.layout.title.text or ''}>"}},)
-
-
-class View:
-    """What every view shares: .widget, an error line, display, figures(), save_html()."""
-
-    widget: widgets.Widget
-
-    def __init__(self, delay: float = REDRAW_DELAY_S):
-        self.error = widgets.HTML("")
-        self.boxes: dict[str, FigureBox] = {}
-        self._later = _Later(delay)
-        self._errors: dict[str, str] = {}
-        self._jobs: list[Callable[[], object]] = []
-        self._pumping = False
-
-    # -- showing --------------------------------------------------------------
-
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
-        display(self.widget)
-
-    def figures(self) -> list[go.Figure]:
-        """Copies of the charts as they are now (waiting redraws are done first)."""
-        self.flush()
-        return [go.Figure(box.figure) for box in self.boxes.values()]
-
-    def figure(self, name: str) -> go.Figure:
-        """A copy of one chart, by name (see `.boxes`)."""
-        self.flush()
-        return go.Figure(self.boxes[name].figure)
-
-    def save_html(self, path: str | Path) -> Path:
-        """The current charts as one standalone offline HTML page."""
-        return charts.save_html(self.figures(), path, title=f"LLM Inference Lab: {type(self).__name__}")
-
-    def flush(self) -> None:
-        """Do now what is still waiting for the event loop: a debounced redraw,
-        then any queued jobs (the steps of a run). Notebook cells that check a
-        view after moving a control call this, since they cannot yield to the loop."""
-        self._later.flush()
-        while self._jobs:
-            if not self._safely(self._jobs.pop(0), "step"):
-                self._jobs.clear()
-
-    # -- callbacks ------------------------------------------------------------
-
-    def _safely(self, fn: Callable[[], object], source: str = "update") -> bool:
-        """Run fn; on an error, show it in the view instead of raising."""
-        try:
-            fn()
-        except Exception as exc:  # a callback has no caller to raise to: show it
-            self._errors[source] = (
-                f"<b>{html.escape(type(exc).__name__)}</b>: {html.escape(str(exc))}"
-                f"<details><summary>traceback</summary><pre>{html.escape(traceback.format_exc())}</pre></details>")
-            self._show_errors()
-            return False
-        if self._errors.pop(source, None) is not None:
-            self._show_errors()
-        return True
-
-    def _show_errors(self) -> None:
-        self.error.value = "".join(f'<div style="color:#C62828">{m}</div>' for m in self._errors.values())
-
-    def _redraw_later(self, fn: Callable[[], None], source: str = "update") -> None:
-        self._later.call(lambda: self._safely(fn, source))
-
-    def _queue(self, jobs: list[Callable[[], object]], source: str = "run") -> None:
-        """Run jobs one per turn of the event loop (all at once without a loop).
-        A job that fails stops the rest."""
-        self._jobs.extend(jobs)
-        loop = _running_loop()
-        if loop is None:
-            while self._jobs:
-                if not self._safely(self._jobs.pop(0), source):
-                    self._jobs.clear()
-            self._busy_changed()
-            return
-        if not self._pumping:
-            self._pumping = True
-            self._busy_changed()
-            loop.call_soon(self._pump, source)
-
-    def _pump(self, source: str) -> None:
-        if self._jobs and not self._safely(self._jobs.pop(0), source):
-            self._jobs.clear()
-        if self._jobs:
-            # A pause between jobs, not a loop: the kernel passes a click through
-            # several quick hops of the event loop, and they all fit in the pause,
-            # so stop and reset are answered before the next job starts.
-            asyncio.get_running_loop().call_later(JOB_PAUSE_S, self._pump, source)
-        else:
-            self._pumping = False
-            self._busy_changed()
-
-    def _stop(self) -> None:
-        self._jobs.clear()
-
-    @property
-    def busy(self) -> bool:
-        """True while queued jobs (a run, a sweep) are still going."""
-        return self._pumping or bool(self._jobs)
-
-    def _busy_changed(self) -> None:
-        """Hook: a view with a run button relabels it."""
-
-
-def _slider_style() -> dict:
-    return {"description_width": "initial"}
 
 
 def _fixed_rows(fig: go.Figure, ref: go.Figure) -> go.Figure:
@@ -339,84 +55,6 @@ def _fixed_rows(fig: go.Figure, ref: go.Figure) -> go.Figure:
         fig.update_yaxes(range=[ref_lo, fig.layout.yaxis.range[1]])
         fig.update_layout(height=ref.layout.height)
     return fig
-
-
-# ----------------------------------------------------------------------------
-# Controls
-# ----------------------------------------------------------------------------
-
-METHOD_LABELS = {"greedy": "greedy", "temperature": "temperature", "top_k": "top-k",
-                 "top_p": "top-p", "min_p": "min-p", "beam": "beam search"}
-
-
-class SamplingControls:
-    """A sampling-method dropdown and temperature / top-k / top-p / min-p sliders.
-
-    Only the sliders the chosen method reads are enabled (labkit.distribution
-    applies the filter the method names). top-p goes down to 0 on purpose: the
-    engine rejects it, and the view shows why.
-    """
-
-    def __init__(self, method: str = "top_p", temperature: float = 1.0, top_k: int = 50,
-                 top_p: float = 0.9, min_p: float = 0.05, beam: bool = False):
-        methods = list(METHODS) + (["beam"] if beam else [])
-        style = _slider_style()
-        self.method = widgets.Dropdown(options=[(METHOD_LABELS[m], m) for m in methods], value=method,
-                                       description="method", style=style)
-        self.temperature = widgets.FloatSlider(value=temperature, min=0.0, max=2.0, step=0.05,
-                                               description="temperature", style=style)
-        self.top_k = widgets.IntSlider(value=top_k, min=1, max=100, description="top-k", style=style)
-        self.top_p = widgets.FloatSlider(value=top_p, min=0.0, max=1.0, step=0.01, description="top-p",
-                                         style=style)
-        self.min_p = widgets.FloatSlider(value=min_p, min=0.0, max=0.5, step=0.01, description="min-p",
-                                         style=style)
-        self.all = [self.method, self.temperature, self.top_k, self.top_p, self.min_p]
-        self.widget = widgets.VBox([self.method, widgets.HBox([self.temperature, self.top_k]),
-                                    widgets.HBox([self.top_p, self.min_p])])
-        self.method.observe(lambda _: self._enable(), names="value")
-        self._enable()
-
-    def observe(self, fn: Callable[[], None]) -> None:
-        """Call fn() whenever any control changes."""
-        for w in self.all:
-            w.observe(lambda _: fn(), names="value")
-
-    def _enable(self) -> None:
-        m = self.method.value
-        self.temperature.disabled = m in ("greedy", "beam")
-        self.top_k.disabled, self.top_p.disabled, self.min_p.disabled = m != "top_k", m != "top_p", m != "min_p"
-
-    def params(self) -> dict:
-        """Keyword arguments for labkit.distribution / sample (beam: greedy's)."""
-        m = self.method.value
-        p = {"method": "greedy" if m == "beam" else m, "temperature": self.temperature.value}
-        if m == "top_k":
-            p["top_k"] = self.top_k.value
-        if m == "top_p":
-            p["top_p"] = self.top_p.value
-        if m == "min_p":
-            p["min_p"] = self.min_p.value
-        return p
-
-
-class LayerHeadControls:
-    """Layer and head sliders sized to the model."""
-
-    def __init__(self, model, layer: int = 0, head: int = 0):
-        c = model.config
-        style = _slider_style()
-        self.layer = widgets.IntSlider(value=layer, min=0, max=c.n_layers - 1, description="layer", style=style)
-        self.head = widgets.IntSlider(value=head, min=0, max=c.n_heads - 1, description="head", style=style)
-        self.widget = widgets.HBox([self.layer, self.head])
-
-    def observe(self, fn: Callable[[], None]) -> None:
-        for w in (self.layer, self.head):
-            w.observe(lambda _: fn(), names="value")
-
-
-def _visible(text: str) -> str:
-    """Text for HTML, whitespace visible as in the charts."""
-    return charts.token_label(text)
 
 
 # ----------------------------------------------------------------------------
@@ -431,21 +69,22 @@ class TokenizerView(View):
 
     TABLE_ROWS = 16
 
-    def __init__(self, model, text: str = "The capital of France is Paris.", chat: bool = False):
-        super().__init__()
+    def __init__(self, model, text: str = "The capital of France is Paris.", chat: bool = False,
+                 figure_mode: str | None = None):
+        super().__init__(figure_mode=figure_mode)
         self.model = model
         self.text = widgets.Textarea(value=text, description="text", continuous_update=True,
-                                     layout=widgets.Layout(width="90%"), style=_slider_style())
+                                     layout=widgets.Layout(width="90%"), style=slider_style())
         self.chat = widgets.Checkbox(value=chat, description="apply the chat template")
         self.info = widgets.HTML()
         # A strip of ~3 rows of tokens sets the smallest height, so a short text
         # does not make the chart shrink and the page jump while typing.
         self._strip_ref = charts.token_strip(["token"] * 30, [10000] * 30, show_ids=True)
         strip, table = self._figures()
-        self.boxes["tokens"] = FigureBox(strip)
+        self.add_box("tokens", strip)
         # The table keeps the height of a TABLE_ROWS-token one, so the page does not
         # jump while typing; longer ones scroll inside it (its subtitle says so).
-        self.boxes["table"] = FigureBox(table, height=charts.token_table(
+        self.add_box("table", table, height=charts.token_table(
             ["x"] * self.TABLE_ROWS, [0] * self.TABLE_ROWS, max_rows=self.TABLE_ROWS).layout.height)
         for w in (self.text, self.chat):
             w.observe(lambda _: self._redraw_later(self._redraw), names="value")
@@ -482,23 +121,24 @@ class PositionExplorer(View):
     its pairs are dimensions (i, i + head_size/2).
     """
 
-    def __init__(self, model=None, n_positions: int = 64, d_model: int = 64, position: int = 5, pair: int = 2):
-        super().__init__()
+    def __init__(self, model=None, n_positions: int = 64, d_model: int = 64, position: int = 5, pair: int = 2,
+                 figure_mode: str | None = None):
+        super().__init__(figure_mode=figure_mode)
         self.pe = sinusoidal_positions(n_positions, d_model)                  # (P, d)
         positions = torch.arange(n_positions)
         if model is not None and model.config.family == "llama":
             self.angles, self.source = model_rope_angles(model, positions), f"{model.name}'s RoPE"
         else:
             self.angles, self.source = rope_angles(positions, d_model), f"RoPE, head size {d_model}"
-        style = _slider_style()
+        style = slider_style()
         self.position = widgets.IntSlider(value=position, min=0, max=n_positions - 1, description="position",
                                           style=style)
         self.pair = widgets.IntSlider(value=pair, min=0, max=d_model // 2 - 1, description="pair i (dims 2i, 2i+1)",
                                       style=style)
         self.info = widgets.HTML()
         sin_fig, rope_fig = self._figures()
-        self.boxes["sinusoidal"] = FigureBox(sin_fig)
-        self.boxes["rope"] = FigureBox(rope_fig)
+        self.add_box("sinusoidal", sin_fig)
+        self.add_box("rope", rope_fig)
         for w in (self.position, self.pair):
             w.observe(lambda _: self._redraw_later(self._redraw), names="value")
         self.widget = widgets.VBox([widgets.HBox([self.position, self.pair]), self.info, self.error,
@@ -546,18 +186,19 @@ class AttentionExplorer(View):
     """
 
     def __init__(self, model, text: str = "The capital of France is", layer: int = 0, head: int = 0,
-                 all_heads: bool = True, chat: bool = False):
-        super().__init__()
+                 all_heads: bool = True, chat: bool = False, figure_mode: str | None = None):
+        super().__init__(figure_mode=figure_mode)
         self.model = model
         enc = encode(model, text, chat=chat)
         self.tokens = enc.tokens
-        _, self.trace = model.forward(enc.ids, record=True)
+        self.trace = Trace()
+        model.forward(enc.ids, trace=self.trace)           # records every layer's (heads, T, T) pattern
         self.selectors = LayerHeadControls(model, layer, head)
         self.info = widgets.HTML()
         self._grid_layer = layer
-        self.boxes["head"] = FigureBox(self._head_figure())
+        self.add_box("head", self._head_figure())
         if all_heads:
-            self.boxes["layer"] = FigureBox(self._grid_figure())
+            self.add_box("layer", self._grid_figure())
         self.selectors.observe(lambda: self._redraw_later(self._redraw))
         self.widget = widgets.VBox([self.selectors.widget, self.info, self.error]
                                    + [b.widget for b in self.boxes.values()])
@@ -599,8 +240,9 @@ class SamplingExplorer(View):
     """
 
     def __init__(self, model, prompt: str = "The capital of France is", method: str = "top_p",
-                 top_n: int = TOP_N, seed: int = 0, chat: bool = False, **control_values):
-        super().__init__()
+                 top_n: int = TOP_N, seed: int = 0, chat: bool = False, figure_mode: str | None = None,
+                 **control_values):
+        super().__init__(figure_mode=figure_mode)
         self.model, self.seed, self.draws = model, seed, 0
         enc = encode(model, prompt, chat=chat)
         self.logits = model.forward(enc.ids)[-1].float()             # (vocab,): the one model call
@@ -613,7 +255,7 @@ class SamplingExplorer(View):
         self.sample_button = widgets.Button(description="sample", icon="random", tooltip="draw a token")
         self.summary = widgets.HTML()
         self.drawn = widgets.HTML()
-        self.boxes["distribution"] = FigureBox(self._figure())
+        self.add_box("distribution", self._figure())
         self.controls.observe(self._controls_changed)
         self.sample_button.on_click(lambda _: self._safely(self.sample, "sampling"))
         prompt_html = widgets.HTML(f"prompt: <code>{html.escape(enc.text)}</code> → next token?")
@@ -633,7 +275,7 @@ class SamplingExplorer(View):
         self._redraw()
         piece = token_strings(self.model.tokenizer, [token])[0]
         rank = int((self.probs_before > self.probs_before[token]).sum()) + 1
-        self.drawn.value = (f"drew <b>{html.escape(_visible(piece))}</b> (rank {rank}, "
+        self.drawn.value = (f"drew <b>{html.escape(charts.token_label(piece))}</b> (rank {rank}, "
                             f"probability {float(probs[token]):.3f} after the filters)")
         return token
 
@@ -674,8 +316,10 @@ class SamplingExplorer(View):
 class LiveGeneration(View):
     """Generation one token at a time, every chart updated after each step.
 
-    step() runs prefill the first time and one decode step after, samples with
-    the current controls (they apply from the next step on), and redraws: the
+    A labkit.generation.Decoder does the work (the loop labkit.generate
+    runs): step() runs prefill the first time and one decode step after,
+    samples with the current controls (they apply from the next step on),
+    and redraws: the
     tokens so far coloured by the probability the model gave them (softmax at
     temperature 1, as Step.prob), the distribution the token was drawn from,
     the newest query's attention over every cached key (layer / head sliders),
@@ -691,14 +335,15 @@ class LiveGeneration(View):
 
     def __init__(self, model, prompt: str = "The capital of France is", max_new_tokens: int = 24,
                  method: str = "greedy", seed: int = 0, top_n: int = TOP_N, num_beams: int = 4,
-                 chat: bool = False, regenerate: bool = False, **control_values):
-        super().__init__()
+                 chat: bool = False, regenerate: bool = False, figure_mode: str | None = None,
+                 on_redraw: Callable[[], None] | None = None, **control_values):
+        super().__init__(figure_mode=figure_mode)
+        self.on_redraw = on_redraw            # called after every redraw (the dashboard's readout)
         self.model, self.seed, self.top_n, self.num_beams = model, seed, top_n, num_beams
         self.regenerate = regenerate          # redo the tokens so far when a sampling control moves
         self.max_new_tokens = max_new_tokens
         enc = encode(model, prompt, chat=chat)
-        self.prompt_text, self.prompt_ids, self.prompt_tokens = enc.text, enc.ids, enc.tokens
-        self._eos = eos_ids(model)
+        self.prompt_encoding, self.prompt_text, self.prompt_ids, self.prompt_tokens = enc, enc.text, enc.ids, enc.tokens
         self.controls = SamplingControls(method=method, beam=True, **control_values)
         self.selectors = LayerHeadControls(model)
         self.step_button = widgets.Button(description="step", icon="step-forward", tooltip="generate one token")
@@ -713,10 +358,10 @@ class LiveGeneration(View):
                                           probs=[0.5] * max_new_tokens)
         row_ref = charts.attention_row([0.0] * n_keys, ["token"] * n_keys)
         dist_ref = charts.distribution_chart(["token"] * top_n, [0.0] * top_n, [0.0] * top_n)
-        self.boxes["tokens"] = FigureBox(self._tokens_figure())
-        self.boxes["distribution"] = FigureBox(self._distribution_figure(), width=dist_ref.layout.width)
-        self.boxes["attention"] = FigureBox(self._attention_figure(), width=row_ref.layout.width)
-        self.boxes["cache"] = FigureBox(self._cache_figure())
+        self.add_box("tokens", self._tokens_figure())
+        self.add_box("distribution", self._distribution_figure(), width=dist_ref.layout.width)
+        self.add_box("attention", self._attention_figure(), width=row_ref.layout.width)
+        self.add_box("cache", self._cache_figure())
         self._status()
 
         self.step_button.on_click(lambda _: self._queue([self.step], "step"))
@@ -732,15 +377,17 @@ class LiveGeneration(View):
     # -- state ----------------------------------------------------------------
 
     def _new_state(self) -> None:
+        # record=True: every Step keeps its query's attention row, for the attention chart.
+        self.decoder = Decoder(self.model, self.prompt_encoding, self.max_new_tokens,
+                               SamplingParams(seed=self.seed), record=True)
+        self.cache = self.decoder.cache
+        # What the charts show, one entry per token (beam search fills them from its answer).
         self.token_ids: list[int] = []
         self.tokens: list[str] = []
         self.probs: list[float] = []          # the model's probability of each token
         self.seconds: list[float] = []        # step latency: TTFT first, then TPOT samples
         self.cache_bytes: list[int] = []      # KV cache bytes after each step
         self.finish_reason = ""
-        self.cache = self.model.new_cache(max_len=len(self.prompt_ids) + self.max_new_tokens)
-        self.generator = torch.Generator(device=self.model.device).manual_seed(self.seed)
-        self._dist = None                     # (top labels, before, after, chosen index, top_p) of the last step
         self._row = None                      # (layers, heads, keys): the last query's attention
 
     @property
@@ -764,7 +411,7 @@ class LiveGeneration(View):
         enc = encode(self.model, prompt, chat=chat)
         if len(enc.ids) == 0:
             raise ValueError("the prompt is empty: type something to continue")
-        self.prompt_text, self.prompt_ids, self.prompt_tokens = enc.text, enc.ids, enc.tokens
+        self.prompt_encoding, self.prompt_text, self.prompt_ids, self.prompt_tokens = enc, enc.text, enc.ids, enc.tokens
         if max_new_tokens is not None:
             self.max_new_tokens = max_new_tokens
         self._stop()
@@ -774,33 +421,18 @@ class LiveGeneration(View):
         """Generate one token and redraw; returns its id (None once finished)."""
         if self.finished:
             return None
-        params = self.controls.params()           # beam: one greedy step
-        check_sampling(**params)                  # before the model call, so a bad value changes nothing
-        start = time.perf_counter()
-        if not self.token_ids:
-            logits, trace = prefill(self.model, self.prompt_ids, self.cache, record=True)
-        else:
-            last = torch.tensor([self.token_ids[-1]])
-            logits, trace = decode_one_token(self.model, last, self.cache, record=True)
-        token, after = sample(logits, **params, generator=self.generator)
-        before = logits.float().softmax(-1)
-        self.seconds.append(time.perf_counter() - start)
-
-        self.token_ids.append(token)
-        self.tokens.append(token_strings(self.model.tokenizer, [token])[0])
-        self.probs.append(float(before[token]))
-        self.cache_bytes.append(self.cache.nbytes)
-        top = before.topk(self.top_n).indices
-        top_list = top.tolist()
-        self._dist = (token_strings(self.model.tokenizer, top), before[top], after[top],
-                      top_list.index(token) if token in top_list else None, params.get("top_p"))
-        self._row = torch.stack([a[:, -1, :] for a in trace.attentions]).float()
-        if token in self._eos:
-            self.finish_reason = "eos"
-        elif len(self.token_ids) == self.max_new_tokens:
-            self.finish_reason = "length"
+        # Made (and so checked) before the model runs: a bad value changes nothing. Beam: one greedy step.
+        self.decoder.params = SamplingParams(**self.controls.params(), seed=self.seed)
+        step = self.decoder.step()
+        self.token_ids.append(step.token_id)
+        self.tokens.append(token_strings(self.model.tokenizer, [step.token_id])[0])
+        self.probs.append(step.prob)
+        self.seconds.append(step.seconds)
+        self.cache_bytes.append(step.cache_nbytes)
+        self._row = step.attention
+        self.finish_reason = self.decoder.finish_reason
         self._redraw()
-        return token
+        return step.token_id
 
     def run(self, n: int | None = None) -> list[int]:
         """Step n times (default: to the end; beam search: all at once). Returns the ids so far."""
@@ -813,7 +445,7 @@ class LiveGeneration(View):
         return self.token_ids
 
     def _controls_changed(self) -> None:
-        if not self._safely(lambda: check_sampling(**self.controls.params()), "step"):
+        if not self._safely(lambda: SamplingParams(**self.controls.params()), "step"):
             return
         if self.regenerate and self.token_ids:
             # Same number of tokens again with the new settings. Debounced, and
@@ -821,7 +453,7 @@ class LiveGeneration(View):
             # ever regenerate for the latest value.
             n = len(self.token_ids)
             self._stop()
-            self._later.call(lambda: self._safely(lambda: self._regenerate(n), "step"))
+            self._redraw_later(lambda: self._regenerate(n), "step")
 
     def _regenerate(self, n: int) -> None:
         self.reset()
@@ -852,8 +484,8 @@ class LiveGeneration(View):
         self._redraw()
 
     def _busy_changed(self) -> None:
-        self.run_button.description = "stop" if self._pumping else "run"
-        self.run_button.icon = "stop" if self._pumping else "play"
+        self.run_button.description = "stop" if self.busy else "run"
+        self.run_button.icon = "stop" if self.busy else "play"
 
     # -- drawing --------------------------------------------------------------
 
@@ -863,12 +495,16 @@ class LiveGeneration(View):
         return _fixed_rows(fig, self._strip_ref)
 
     def _distribution_figure(self) -> go.Figure:
-        step = len(self.token_ids) - 1
-        if self._dist is None:
+        logits, after = self.decoder.last_logits, self.decoder.last_probs      # (vocab,) each
+        if logits is None:
             return charts.distribution_chart([], [], [], title="Next-token distribution (press step)")
-        labels, before, after, chosen, top_p = self._dist
-        return charts.distribution_chart(labels, before, after, chosen=chosen, top_p=top_p,
-                                      title=f"Step {step}: the distribution token {step} was drawn from")
+        step, token = len(self.token_ids) - 1, self.token_ids[-1]
+        before = logits.float().softmax(-1)                                   # the model's own, T = 1
+        top = before.topk(self.top_n).indices.tolist()
+        chosen = top.index(token) if token in top else None
+        return charts.distribution_chart(token_strings(self.model.tokenizer, top), before[top], after[top],
+                                         chosen=chosen, top_p=self.decoder.params.top_p,
+                                         title=f"Step {step}: the distribution token {step} was drawn from")
 
     def _attention_figure(self) -> go.Figure:
         layer, head = self.selectors.layer.value, self.selectors.head.value
@@ -888,7 +524,7 @@ class LiveGeneration(View):
         if self.token_ids:
             k = len(self.token_ids) - 1
             phase = "prefill (TTFT)" if k == 0 else "decode"
-            parts.append(f"step {k} ({phase}): <b>{html.escape(_visible(self.tokens[-1]))}</b>, probability "
+            parts.append(f"step {k} ({phase}): <b>{html.escape(charts.token_label(self.tokens[-1]))}</b>, probability "
                          f"{self.probs[-1]:.3f}, {self.seconds[-1] * 1e3:.0f} ms; KV cache {self.cache.length} "
                          f"positions, {charts.format_bytes(self.cache_bytes[-1])} "
                          f"(+{charts.format_bytes(self.cache.bytes_per_token)} per token)")
@@ -905,6 +541,8 @@ class LiveGeneration(View):
         self.boxes["distribution"].update(self._distribution_figure())
         self._redraw_attention()
         self.boxes["cache"].update(self._cache_figure())
+        if self.on_redraw:
+            self.on_redraw()
 
 
 # ----------------------------------------------------------------------------
@@ -921,23 +559,24 @@ class PromptLengthExplorer(View):
     sweep(lengths) measures several lengths in a row.
     """
 
-    def __init__(self, model, text: str, length: int | None = None, chat: bool = False):
-        super().__init__(delay=MODEL_DELAY_S)
+    def __init__(self, model, text: str, length: int | None = None, chat: bool = False,
+                 figure_mode: str | None = None):
+        super().__init__(delay=MODEL_DELAY_S, figure_mode=figure_mode)
         self.model = model
         enc = encode(model, text, chat=chat)
         self.ids, self.tokens = enc.ids, enc.tokens
         n = len(self.ids)
         self.slider = widgets.IntSlider(value=n if length is None else length, min=1, max=n,
                                         continuous_update=False, description="prompt length (tokens)",
-                                        style=_slider_style(), layout=widgets.Layout(width="60%"))
+                                        style=slider_style(), layout=widgets.Layout(width="60%"))
         self.sweep_button = widgets.Button(description="sweep", icon="line-chart",
                                            tooltip="measure 8 lengths from 1 to all")
         self.info = widgets.HTML()
         self.ttft: dict[int, float] = {}          # length -> seconds of its latest prefill
         self.length = self.slider.value           # the length shown
         self.cache = None
-        self.boxes["ttft"] = FigureBox(self._ttft_figure(), height=480)
-        self.boxes["cache"] = FigureBox(self._cache_figure(), height=520)
+        self.add_box("ttft", self._ttft_figure(), height=480)
+        self.add_box("cache", self._cache_figure(), height=520)
         self.set_length(self.slider.value)
         self.slider.observe(lambda _: self._redraw_later(lambda: self.set_length(self.slider.value), "length"),
                             names="value")
@@ -952,7 +591,8 @@ class PromptLengthExplorer(View):
             raise ValueError(f"length must be in [1, {len(self.ids)}], got {n}")
         self.cache = self.model.new_cache(max_len=n)
         start = time.perf_counter()
-        logits, _ = prefill(self.model, self.ids[:n], self.cache)
+        logits = prefill(self.model, self.ids[:n], self.cache)             # (vocab,)
+        sync(self.model.device)            # on a GPU the prefill is queued, not yet finished
         self.ttft[n] = time.perf_counter() - start
         self.length = n
         nxt = token_strings(self.model.tokenizer, [int(logits.argmax())])[0]
@@ -960,7 +600,7 @@ class PromptLengthExplorer(View):
         self.info.value = (f"first <b>{n}</b> tokens (…<code>{html.escape(tail)}</code>) → "
                            f"TTFT <b>{self.ttft[n] * 1e3:.0f} ms</b>; KV cache {charts.format_bytes(self.cache.nbytes)} "
                            f"= {n} × {charts.format_bytes(self.cache.bytes_per_token)}; most likely next token "
-                           f"<b>{html.escape(_visible(nxt))}</b>")
+                           f"<b>{html.escape(charts.token_label(nxt))}</b>")
         self.boxes["ttft"].update(self._ttft_figure())
         self.boxes["cache"].update(self._cache_figure())
         return self.ttft[n]
@@ -976,27 +616,13 @@ class PromptLengthExplorer(View):
         return sorted({max(1, round(n * k / 8)) for k in range(1, 9)})
 
     def _ttft_figure(self) -> go.Figure:
-        # viz has no "TTFT against prompt length" chart; this small one stands in.
-        lengths = sorted(self.ttft)
-        ms = [self.ttft[n] * 1e3 for n in lengths]
-        current = self.length
-        fig = go.Figure(go.Scatter(x=lengths, y=ms, mode="lines+markers", name="measured",
-                                   line=dict(color=charts.BLUE),
-                                   hovertemplate="%{x} tokens<br>TTFT %{y:.1f} ms<extra></extra>"))
-        if current in self.ttft:
-            fig.add_trace(go.Scatter(x=[current], y=[self.ttft[current] * 1e3], mode="markers", name="now",
-                                     marker=dict(color=charts.ORANGE, size=16)))
-        fig.update_xaxes(title="prompt length (tokens)", range=[0, len(self.ids) * 1.05])
-        fig.update_yaxes(title="time to first token (ms)", rangemode="tozero")
-        sub = f"{len(lengths)} lengths measured on {self.model.device}" if lengths else "move the slider"
-        fig.update_layout(title=f"Prefill time (TTFT) against prompt length<br><sup>{sub}</sup>",
-                          width=800, height=480, showlegend=False)
-        return fig
+        return charts.ttft_points_chart(self.ttft, current=self.length, max_length=len(self.ids),
+                                        device=str(self.model.device))
 
     def _cache_figure(self) -> go.Figure:
         c = self.model.config
         return charts.cache_size_comparison(c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
                                          self.length,
-                                         bytes_per_value=torch.finfo(self.model.dtype).bits // 8,
+                                         bytes_per_value=bytes_per_value(self.model.dtype),
                                          title=f"KV cache after prefill: {self.model.name} uses {c.n_kv_heads} "
                                                f"KV heads")

@@ -238,4 +238,6 @@ def test_last_only_equals_the_last_row(model):
     ids = labkit.encode(model, "The capital of France is").ids
     last = model.forward(ids, last_only=True)
     assert last.shape == (1, model.config.vocab_size)
-    assert (last[0] - model.forward(ids)[-1]).abs().max() <= 1e-5
+    # The LM head's matmul over 1 row or T rows sums in another order: measured
+    # 0 with 2 threads, 2.8e-5 with one (logits of about 12), as for cached vs full.
+    assert (last[0] - model.forward(ids)[-1]).abs().max() <= 1e-4

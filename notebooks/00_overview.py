@@ -252,6 +252,9 @@ print(f"arithmetic intensity: prefill of {len(enc)} tokens {pre.intensity:.2f} F
       f"one decode step {dec.intensity:.2f} FLOP/byte")
 print(f"TTFT / TPOT here: {timed.ttft_s / timed.tpot_s:.1f}")
 print(f"memory traffic implied by one decode step: {model.weight_nbytes / timed.tpot_s / 1e9:.1f} GB/s")
+# Counted from the model's shapes, so the same on every machine:
+assert abs(dec.flops / costs.matmul_params(c) - 2) < 0.1    # about 2 FLOPs per weight read (2.00 here)
+assert dec.intensity < pre.intensity < costs.prefill_workload(model, 10 * len(enc)).intensity   # grows with the prompt
 
 # %% [markdown]
 # ## Try it: generate one token at a time

@@ -64,13 +64,16 @@ print(f"vocabulary: {len(tokenizer):,} entries")
 
 # %%
 samples = ["ＡＢＣ１２３！", "Ｈｅｌｌｏ，ｗｏｒｌｄ！", "ﬁne café", "你好，世界！", "法国的首都是巴黎。"]
+n_tokens = {}   # text -> (tokens raw, tokens normalised)
 for text in samples:
     raw = labkit.encode(model, text, normalize_text=False)
     norm = labkit.encode(model, text)
+    n_tokens[text] = (len(raw), len(norm))
     print(f"{len(raw):2} tokens raw, {len(norm):2} normalised:  {text!r} -> {labkit.normalize(text)!r}")
 
 assert labkit.normalize("ＡＢＣ１２３！") == "ABC123!"
 assert labkit.normalize("法国的首都是巴黎。") == "法国的首都是巴黎。"  # ordinary Chinese text is unchanged
+assert all(n_norm < n_raw for n_raw, n_norm in (n_tokens[t] for t in samples[:4]))   # normalising saves tokens
 
 # %% [markdown]
 # The vocabulary was learned mostly from ordinary (half-width) text, so the
@@ -129,6 +132,8 @@ with_system = labkit.encode(model, QUESTION, system=SYSTEM)
 print(f"question alone:            {len(bare):3} tokens")
 print(f"with the template:         {len(templated):3} tokens (default system prompt included)")
 print(f"with our own system prompt: {len(with_system):3} tokens")
+assert len(templated) > len(bare)                                           # the default one costs tokens
+assert len(with_system) >= len(bare) + len(labkit.encode(model, SYSTEM))    # ours comes on top of the question
 
 # %% [markdown]
 # ## 3. Joining the turns of a conversation (上下文拼接)
@@ -157,9 +162,12 @@ assert alone.text != in_context.text
 # again (prefill, notebook 07) unless a serving system caches it.
 
 # %%
+prompt_lengths = []
 for n in range(1, len(conversation) + 1):
     enc = labkit.encode(model, conversation[:n])
+    prompt_lengths.append(len(enc))
     print(f"after {n} turn(s): {len(enc):3} tokens")
+assert all(a < b for a, b in zip(prompt_lengths, prompt_lengths[1:]))   # every turn makes the prompt longer
 
 # %% [markdown]
 # ## 4. BPE tokens and ids (分词)
@@ -189,6 +197,8 @@ charts.token_table(sky.tokens, sky.ids)
 print("raw pieces:", tokenizer.convert_ids_to_tokens(sky.ids.tolist()))
 for word in ["sky", " sky", "Sky", " Sky", " SKY"]:
     print(f"{word!r:8} -> {tokenizer(word)['input_ids']}")
+three = [tokenizer(word)["input_ids"] for word in ["sky", " sky", " Sky"]]
+assert all(len(ids) == 1 for ids in three) and len({ids[0] for ids in three}) == 3   # one id each, all different
 
 # %% [markdown]
 # Rarer words are split into several pieces, all from the same vocabulary:
@@ -196,6 +206,7 @@ for word in ["sky", " sky", "Sky", " Sky", " SKY"]:
 # %%
 words = " tokenization unbelievably antidisestablishmentarianism SmolLM"
 pieces = labkit.encode(model, words)
+assert all(len(labkit.encode(model, " " + word)) > 1 for word in words.split())   # each word is several pieces
 charts.token_strip(pieces.tokens, pieces.ids, show_ids=True, title="Rare words become several pieces")
 
 # %% [markdown]
@@ -249,6 +260,7 @@ for en, zh in pairs:
     for text in (en, zh):
         n = len(labkit.encode(model, text))
         print(f"{len(text):5} {len(text.encode('utf-8')):5} {n:6} {n / len(text):11.2f}  {text!r}")
+    assert len(labkit.encode(model, zh)) > len(labkit.encode(model, en))   # Chinese needs more tokens here
 
 # %% [markdown]
 # Look at the running example, 法国的首都是, token by token:
@@ -287,6 +299,7 @@ print(f"vocabulary entries with a Chinese character: {n_cjk:6,}")
 print(f"entries that are only part of a character:   {n_bytes:6,}")
 print(f"entries made of Latin letters (and a space): {n_latin:6,} of {len(vocab):,}")
 print(f"in 法国的首都是, {n_broken} of {len(zh)} pieces are not whole characters (shown as bytes)")
+assert n_cjk < 0.01 * len(vocab) < n_latin       # very few Chinese entries (80 of 49,152 here)
 
 # %% [markdown]
 # More tokens per sentence means more compute, a longer KV cache, and a context

@@ -103,6 +103,7 @@ charts.embedding_heatmap(x, enc.tokens, title=f"Embeddings of {PROMPT!r}")
 # %%
 tied = model.hf.lm_head.weight.data_ptr() == model.hf.get_input_embeddings().weight.data_ptr()
 print("LM head shares the embedding matrix:", tied)
+assert tied
 
 # %% [markdown]
 # ## 2. Similar tokens, similar vectors (余弦相似度)

@@ -124,6 +124,8 @@ print(f"W_q {tuple(Wq.shape)}, W_k {tuple(Wk.shape)}, W_v {tuple(Wv.shape)}, W_o
 print(f"head_num = {c.n_heads} query heads, kv_head_num = {c.n_kv_heads} key/value heads, "
       f"size_per_head = {c.head_dim}; {c.n_heads} x {c.head_dim} = {c.n_heads * c.head_dim} = d_model")
 assert block.self_attn.q_proj.bias is None  # Llama-style: no bias (Qwen2 has one)
+assert Wq.shape[0] == Wq.shape[1] == c.d_model                        # W_q is square ...
+assert Wk.shape[0] * c.group_size == Wv.shape[0] * c.group_size == Wq.shape[0]   # ... W_k, W_v have fewer rows
 
 x = trace.hidden[LAYER]                                           # (T, d_model): the input of this layer
 h = rms_norm(x, block.input_layernorm.weight, c.norm_eps)         # (T, d_model)
@@ -181,6 +183,7 @@ for d in (16, 64, 256):
     dots = (a * b).sum(-1)
     print(f"d_k = {d:3}: std of q·k = {dots.std():5.2f} (sqrt(d_k) = {math.sqrt(d):4.1f}); "
           f"after dividing by sqrt(d_k): {(dots / math.sqrt(d)).std():.2f}")
+    assert 0.9 < (dots / math.sqrt(d)).std() < 1.1      # about 1 whatever d_k (0.99 to 1.01 here)
 
 # %% [markdown]
 # And on this head: without the division, the last token's attention would be
@@ -191,6 +194,7 @@ row_unscaled = raw[-1].softmax(-1)
 row_scaled = scores[-1].softmax(-1)
 print(f"' is' -> ' France' weight: {row_scaled[france]:.3f} with the division, {row_unscaled[france]:.3f} without")
 print(f"largest weight of the row: {row_scaled.max():.3f} with, {row_unscaled.max():.3f} without")
+assert row_unscaled.max() > row_scaled.max()
 
 # %% [markdown]
 # ## Step 3: the causal mask (因果掩码)
@@ -240,6 +244,8 @@ print(f"out: {tuple(out.shape)}; cosine similarity of the output of ' is' with t
       f"{cos_france:.4f}")
 norms = v[kv].norm(dim=-1)                  # length of each token's value vector
 print("length of each value vector:", ", ".join(f"{t!r} {n:.1f}" for t, n in zip(tokens, norms.tolist())))
+assert probs[-1, france] > 0.5 and cos_france > 0.9    # most weight on ' France' (0.90), so out ≈ its value (1.00)
+assert norms[0] < norms[1:].min()                      # the first token's value vector is the shortest
 
 # %% [markdown]
 # The heatmap shows the same pattern as the printed matrix: row i is where token i
@@ -392,6 +398,8 @@ v_len = torch.stack([
 ratio = v_len[:, 1:].mean(dim=1) / v_len[:, 0]
 print(f"the other tokens' values are {ratio.median():.1f}x longer than the first token's (median over layers); "
       f"the first token's value is the shorter one in {int((ratio > 1).sum())} of {c.n_layers} layers")
+assert sink > 0.5                                       # much of the weight parks on the first token (0.74 here)
+assert ratio.median() > 2 and (ratio > 1).sum() > c.n_layers // 2    # ... whose values are short (4.0x, 28 of 30)
 
 # %% [markdown]
 # ### Try it: every layer and head

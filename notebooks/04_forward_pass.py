@@ -96,6 +96,7 @@ norms = torch.stack([h[-1].norm() for h in trace.hidden])   # (layers + 1,): the
 for i in [0, *range(5, c.n_layers + 1, 5)]:
     where = "embedding" if i == 0 else f"after block {i - 1:2}"
     print(f"{where:>16}: |x| = {norms[i]:7.1f}")
+assert norms[0] < norms[1] < norms[c.n_layers // 2] < norms[-1]    # it grows (not at every single block)
 
 # %% [markdown]
 # ## One block, by hand
@@ -175,6 +176,7 @@ W_head = model.hf.lm_head.weight                                     # (vocab, d
 tied = W_head.data_ptr() == model.hf.model.embed_tokens.weight.data_ptr()
 print(f"LM head {tuple(W_head.shape)}: {W_head.numel() / 1e6:.1f} M weights, "
       f"{'the same tensor as' if tied else 'separate from'} the embedding matrix")
+assert tied
 
 final = rms_norm(trace.hidden[-1], model.hf.model.norm.weight, c.norm_eps)   # (T, d_model)
 logits_by_hand = final @ W_head.T                                    # (T, vocab)
@@ -266,6 +268,9 @@ gain = logp_paris[1:] - logp_paris[:-1]         # gain[i]: how much block i rais
 biggest = 1 + int(gain[1:].argmax())            # block 0 aside: it starts from the raw embedding
 print(f"the block that raises p(' Paris') the most: block {biggest}, by a factor e^{gain[biggest]:.1f} "
       f"= {gain[biggest].exp():,.0f}")
+assert self_guesses > T / 2                           # the embeddings mostly predict their own token (4 of 5)
+assert first_top > 3 * c.n_layers // 4                 # ' Paris' comes out on top only near the end (block 29)
+assert biggest >= 2 * c.n_layers // 3                 # ... raised most in the last third (block 23)
 
 # %% [markdown]
 # (Block 0 is left out of the last line: its input is the raw embedding, whose
@@ -298,6 +303,8 @@ for name, f in [("Q/K/V/O projections", c.n_layers * proj), ("feed-forward netwo
 print(f"{'total':>24}: {total / 1e6:9.1f} MFLOP for {T} tokens")
 assert total == costs.forward_flops(c, T)
 print(f"rule of thumb, 2 x parameters x tokens: {2 * model.n_params * T / 1e6:.1f} MFLOP")
+assert abs(total / (2 * model.n_params * T) - 1) < 0.05     # about 2 FLOPs per parameter per token
+assert c.n_layers * attention < 0.01 * total                # attention is tiny for 5 tokens
 
 # %% [markdown]
 # Nearly all of it is the weight matrices: about two FLOPs per parameter per
@@ -308,11 +315,14 @@ print(f"rule of thumb, 2 x parameters x tokens: {2 * model.n_params * T / 1e6:.1
 
 # %%
 print(f"{'tokens':>7} {'GFLOP':>9} {'attention':>10} {'LM head, every position':>24} {'LM head, last only':>19}")
+attention_share = {}
 for n in (T, 128, 1024, c.max_len):
     full, last = costs.forward_flops(c, n), costs.forward_flops(c, n, last_only=True)
     att = c.n_layers * 2 * (n * (n + 1) // 2) * hs * H * 2
+    attention_share[n] = att / full
     print(f"{n:7,} {full / 1e9:9.2f} {att / full:10.1%} {2 * n * d * c.vocab_size / full:24.1%} "
           f"{2 * d * c.vocab_size / last:19.1%}")
+assert attention_share[T] < 0.01 < 0.25 < attention_share[c.max_len]    # it matters only for long sequences
 
 # %% [markdown]
 # Timing the pass on this machine turns the count into a speed. (Timings depend on

@@ -117,6 +117,7 @@ charts.token_strip(labkit.token_strings(tok, loop.token_ids), loop.token_ids, pr
 half = len(loop.steps) // 2
 first, second = (np.mean([s.prob for s in part]) for part in (loop.steps[:half], loop.steps[half:]))
 print(f"average probability of the chosen token: first half {first:.2f}, second half {second:.2f}")
+assert second > first       # more certain once the loop has started
 
 # %% [markdown]
 # The **repetition penalty (重复惩罚)** (Keskar et al., 2019, the CTRL paper) makes
@@ -154,9 +155,11 @@ before = open_logits.softmax(-1)
 top20 = before.topk(20)
 labels = labkit.token_strings(tok, top20.indices)
 print(", ".join(f"{t!r} {p:.3f}" for t, p in zip(labels[:10], top20.values.tolist())))
+needed = {}
 for name, p in [(PROMPT, probs), (OPEN_PROMPT, before)]:
-    n90 = int((p.sort(descending=True).values.cumsum(0) < 0.9).sum()) + 1
+    n90 = needed[name] = int((p.sort(descending=True).values.cumsum(0) < 0.9).sum()) + 1
     print(f"{name!r}: the most likely token has {p.max():.2f}; {n90:,} tokens are needed to cover 90%")
+assert probs.max() > before.max() and needed[PROMPT] < needed[OPEN_PROMPT]   # the open prompt is far less sure
 
 # %% [markdown]
 # ### Temperature (温度)
@@ -168,11 +171,15 @@ for name, p in [(PROMPT, probs), (OPEN_PROMPT, before)]:
 
 # %%
 print(f"{'T':>5} {'p(top token)':>13} {'entropy (nats)':>15} {'tokens for 90%':>15}")
+rows = []
 for temperature in (0.3, 0.7, 1.0, 1.5):
     p = labkit.distribution(open_logits, method="temperature", temperature=temperature)
     entropy = -(p * p.clamp_min(1e-30).log()).sum()
     n90 = int((p.sort(descending=True).values.cumsum(0) < 0.9).sum()) + 1
+    rows.append((float(p.max()), float(entropy), n90))
     print(f"{temperature:5} {p.max():13.3f} {entropy:15.2f} {n90:15,}")
+# the higher T, the flatter: the top token loses, the entropy and the tokens needed for 90% grow
+assert all(a[0] > b[0] and a[1] < b[1] and a[2] < b[2] for a, b in zip(rows, rows[1:]))
 assert torch.equal(labkit.distribution(open_logits, method="temperature", temperature=0),
                    labkit.distribution(open_logits, method="greedy"))     # T = 0 is greedy
 
@@ -182,6 +189,7 @@ assert torch.equal(labkit.distribution(open_logits, method="temperature", temper
 
 # %%
 sharp = labkit.distribution(open_logits, method="temperature", temperature=0.5)
+assert sharp[top20.indices[0]] > top20.values[0] and sharp[top20.indices[-1]] < top20.values[-1]
 charts.distribution_chart(labels, top20.values, sharp[top20.indices], title="Temperature 0.5")
 
 # %% [markdown]
@@ -211,9 +219,11 @@ charts.distribution_chart(labels, top20.values, after[top20.indices], title=f"To
 
 # %%
 TOP_P = 0.9
+n_kept = {}
 for name, lg in [(PROMPT, logits), (OPEN_PROMPT, open_logits)]:
-    n_kept = int((labkit.distribution(lg, method="top_p", top_p=TOP_P) > 0).sum())
-    print(f"top-p = {TOP_P} after {name!r}: keeps {n_kept:,} tokens")
+    n_kept[name] = int((labkit.distribution(lg, method="top_p", top_p=TOP_P) > 0).sum())
+    print(f"top-p = {TOP_P} after {name!r}: keeps {n_kept[name]:,} tokens")
+assert n_kept[PROMPT] < n_kept[OPEN_PROMPT]      # few when the model is sure, many when it is not
 
 # After the open prompt all 20 bars of a chart would be kept; after the running example the cut shows:
 after = labkit.distribution(logits, method="top_p", top_p=TOP_P)
@@ -230,12 +240,15 @@ charts.distribution_chart(labkit.token_strings(tok, fr_top.indices), fr_top.valu
 
 # %%
 MIN_P = 0.1
+n_kept = {}
 for name, lg in [(PROMPT, logits), (OPEN_PROMPT, open_logits)]:
     p = lg.softmax(-1)
     after = labkit.distribution(lg, method="min_p", min_p=MIN_P)
-    print(f"min-p = {MIN_P} after {name!r}: keeps {int((after > 0).sum()):,} token(s) "
+    n_kept[name] = int((after > 0).sum())
+    print(f"min-p = {MIN_P} after {name!r}: keeps {n_kept[name]:,} token(s) "
           f"(those with p >= {MIN_P} x {p.max():.3f} = {MIN_P * p.max():.4f})")
     assert ((after > 0) == (p >= MIN_P * p.max())).all()
+assert n_kept[PROMPT] < n_kept[OPEN_PROMPT]      # it adapts too
 
 # %% [markdown]
 # ### Drawing tokens
@@ -248,6 +261,8 @@ for name, lg in [(PROMPT, logits), (OPEN_PROMPT, open_logits)]:
 draws = [labkit.sample(open_logits, method="top_p", top_p=TOP_P, seed=s)[0] for s in range(10)]
 print(f"ten draws: {labkit.token_strings(tok, draws)}")
 print(f"{len(set(draws))} different tokens in 10 draws")
+assert len(set(draws)) > 1                          # the draws differ ...
+# ... and the same seeds give the same draws again
 assert draws == [labkit.sample(open_logits, method="top_p", top_p=TOP_P, seed=s)[0] for s in range(10)]
 
 for temperature in (0.7, 1.0, 1.5):

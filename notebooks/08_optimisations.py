@@ -88,26 +88,43 @@ results = precision.measure_precisions(model, {"bf16": bf16, "int8": int8}, PROM
 for r in results:
     q = r.quality
     print(f"{r.name:>5}: {r.weight_nbytes / 1e6:6.1f} MB of weights, TPOT {r.tpot_s * 1e3:6.1f} ms, "
-          + (f"KL {q.kl_mean:.4f} nats (max {q.kl_max:.3f}), top-1 agreement {q.top1_agreement:.0%}"
+          + (f"KL {q.kl_mean:.4f} nats (max {q.kl_max:.3f}), top-1 agreement {q.top1_agreement:.0%}, "
+             f"greedy continuation identical for {q.greedy_identical:.0%} of the prompts"
              if q else "reference"))
     print(f"       greedy: {r.text!r}")
 
 # %% [markdown]
-# The bytes halve, and about halve again. The KL divergences are small (thousandths
-# of a nat) and the most likely token is almost always the same: this model survives
-# 8-bit weights well. Where greedy texts part (here they may not), the reference's
-# top two tokens were close and a tiny change tipped the balance; every later token
-# then follows from a different text, which is why greedy agreement is the strictest test.
+# The bytes halve, and about halve again. The next-token distributions barely move
+# (the KL divergences below, in thousandths of a nat) and the most likely token is
+# almost always the same: this model survives 8-bit weights well. Where greedy texts
+# part (the share of prompts whose continuation stayed identical is printed above),
+# the reference's top two tokens were close and a tiny change tipped the balance;
+# every later token then follows from a different text, which is why greedy
+# agreement is the strictest test. On the running prompt the first tokens are
+# clear-cut, so every precision must give them.
 
 # %%
 fp32_r, bf16_r, int8_r = results
+# Upper bounds on the mean KL (nats), about 4x and 3x what was measured on a CPU
+# (bf16 0.0012, int8 0.0068): a broken kernel gives tenths of a nat or more.
+KL_BOUND = {"bf16": 0.005, "int8": 0.02}
+N_SAME = 4    # " Paris", ".", "\n", "\n": fp32's top token leads its runner-up by more than 1.2 logits
+print(f"bytes per decode step: bf16 {bf16_r.weight_nbytes / fp32_r.weight_nbytes:.2f} x fp32, "
+      f"int8 {int8_r.weight_nbytes / bf16_r.weight_nbytes:.2f} x bf16")
+for r in (bf16_r, int8_r):
+    print(f"{r.name}: mean KL {r.kl_mean * 1e3:.1f} thousandths of a nat (checked: under "
+          f"{KL_BOUND[r.name] * 1e3:.0f}), top-1 agreement {r.quality.top1_agreement:.0%}; first {N_SAME} greedy "
+          f"tokens {model.tokenizer.decode(r.token_ids[:N_SAME])!r} (fp32: "
+          f"{model.tokenizer.decode(fp32_r.token_ids[:N_SAME])!r})")
 assert fp32_r.text.startswith(" Paris")
 # Bytes per decode step: bf16 half of fp32; int8 weights are 1 byte each (the
 # embedding table, which a lookup reads one row of, is not counted).
 assert abs(2 * bf16_r.weight_nbytes - fp32_r.weight_nbytes) < 0.001 * fp32_r.weight_nbytes
 assert int8_r.weight_nbytes < 0.6 * bf16_r.weight_nbytes
 for r in (bf16_r, int8_r):
-    assert 0 < r.quality.kl_mean < 0.1 and r.quality.top1_agreement > 0.8
+    assert 0 < r.quality.kl_mean < KL_BOUND[r.name]           # changed, but only a little
+    assert r.quality.top1_agreement > 0.8                     # measured 95% (bf16) and 91% (int8) of 22 positions
+    assert r.token_ids[:N_SAME] == fp32_r.token_ids[:N_SAME]  # generated with the KV cache: prefill and decode
 
 # %%
 charts.precision_chart(results)
@@ -161,6 +178,8 @@ tiled, stats = tiled_attention.flash_attention(q, k, v, block_size=BLOCK, return
 plain, _ = labkit.attention_by_hand(q, k, v, start=0)
 print(f"largest difference from ordinary attention: {(tiled - plain).abs().max():.2e}")
 print(f"tiles computed: {stats.tiles_computed}, skipped above the causal diagonal: {stats.tiles_skipped}")
+n_blocks = T // BLOCK
+assert (stats.tiles_computed, stats.tiles_skipped) == (n_blocks * (n_blocks + 1) // 2, n_blocks * (n_blocks - 1) // 2)
 print(f"scores held at once: {stats.max_scores_held:,} per head (one {BLOCK} x {BLOCK} tile) "
       f"instead of {stats.full_scores:,} ({stats.full_scores // stats.max_scores_held}x fewer)")
 assert torch.allclose(tiled, plain, atol=1e-4)
@@ -272,6 +291,8 @@ print(repr(spec_open.text))
 print(f"acceptance {spec_open.acceptance_rate:.0%}, {spec_open.tokens_per_pass:.2f} tokens per pass, "
       f"speed-up {plain_open.total_s / spec_open.seconds:.2f}x")
 assert spec_open.token_ids == plain_open.token_ids
+assert spec_open.acceptance_rate < spec_gen.acceptance_rate      # nothing to copy: fewer drafts accepted
+assert spec_open.tokens_per_pass < spec_gen.tokens_per_pass
 
 # %% [markdown]
 # ## 4. Continuous batching (连续批处理)

@@ -82,6 +82,8 @@ assert dash.live.token_ids == greedy.token_ids                    # the same tok
 assert all(after[name].to_json() != before[name] for name in before)   # every chart was redrawn
 assert list(after["tokens"].data[0].customdata) == greedy.token_ids     # the streamed tokens
 assert len(after["timing"].data[0].y) == 2                          # TTFT + one decode step
+n_prompt, per_token = len(greedy.prompt_ids), dash.live.cache.bytes_per_token
+assert list(after["cache"].data[0].customdata) == [n_prompt * per_token, (n_prompt + 1) * per_token]  # + 1 per step
 assert "TTFT" in dash.timing.value and "TPOT" in dash.timing.value
 
 dash.set_prompt("Water boils at")                 # a new prompt starts again from it

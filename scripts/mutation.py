@@ -40,7 +40,9 @@ SURVIVORS: dict[str, str] = {}
 
 def run_mutmut(max_children: int) -> float:
     shutil.rmtree(ROOT / "mutants", ignore_errors=True)      # a fresh run: no stale results
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    # One torch thread per child: mutmut runs one child per core.
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE",
+           "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     subprocess.run([*MUTMUT, "run", "--max-children", str(max_children)], cwd=ROOT, env=env,
                    stdout=subprocess.DEVNULL, check=False)

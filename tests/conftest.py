@@ -12,17 +12,24 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 @functools.lru_cache(maxsize=None)
-def default_model():
-    """Loaded once per process: a mutation run (scripts/mutation.py) forks a
-    child per mutant from a process that has already loaded it."""
+def default_model(dtype: str = "fp32"):
+    """The default model on the CPU, loaded once per process and dtype: a
+    mutation run (scripts/mutation.py) forks a child per mutant from a process
+    that has already loaded it, so the child does not load it again."""
     import labkit
 
-    return labkit.load_model(device="cpu", dtype=torch.float32)
+    return labkit.load_model(device="cpu", dtype=dtype)
 
 
 @pytest.fixture(scope="session")
 def model():
-    return default_model()
+    return default_model("fp32")
+
+
+@pytest.fixture(scope="session")
+def load_default():
+    """load_default("bf16"): the default model in another dtype, loaded once."""
+    return default_model
 
 
 def pytest_collection_modifyitems(session, config, items):

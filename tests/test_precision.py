@@ -17,8 +17,8 @@ assert N_PARAMS == 134_515_008
 
 
 @pytest.fixture(scope="module")
-def bf16():
-    return labkit.load_model(device="cpu", dtype="bf16")
+def bf16(load_default):
+    return load_default("bf16")
 
 
 def test_measure_precisions_and_chart(model, bf16):

@@ -15,6 +15,7 @@ weights were rounded in this file, by the schemes' formulas (`fake_quantized`).
 """
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -59,9 +60,15 @@ def fake_quantized(hf, scheme: str):
     return hf.eval()
 
 
+@functools.lru_cache(maxsize=None)
+def quantized(model, scheme: str):
+    """Quantized once per process (a mutation run forks from a process that has it)."""
+    return quantize(model, scheme)
+
+
 @pytest.fixture(scope="module")
 def int8(model):
-    return quantize(model, "int8")
+    return quantized(model, "int8")
 
 
 # -- the layers ------------------------------------------------------------------
@@ -134,7 +141,7 @@ def test_int8_paris(int8):
 
 
 def test_int4_close_enough(model):
-    int4 = quantize(model, "int4")
+    int4 = quantized(model, "int4")
     assert isinstance(int4.hf.model.layers[0].self_attn.q_proj, Int4Linear)
     assert 0.12 < int4.weight_nbytes / model.weight_nbytes < 0.2
     q = measure_quality(model, int4, PROMPTS[:2], max_new_tokens=2)

@@ -8,26 +8,53 @@
     token, probs = labkit.sample(logits[-1], method="top_p", temperature=0.8, top_p=0.9, seed=0)
     gen = labkit.generate(model, "The capital of France is", max_new_tokens=32)
 
-Files, in the order data flows: models.py (load), encode.py (stage 1),
-transformer.py (stage 2), kv_cache.py, sampling.py (stage 3), generate.py
-(prefill + decode), trace.py (what a forward pass records); charts.py and
-widgets.py draw it.
+The three stages and the two phases, each one named function in one file:
+
+    stage 1, encode    encoding.encode          text -> token ids (chat template, normalising)
+    stage 2, forward   model.Model.forward      token ids -> logits, through every block
+    stage 3, sample    sampling.sample          logits -> the next token
+    phase 1, prefill   generation.prefill       the whole prompt at once; fills the KV cache (TTFT)
+    phase 2, decode    generation.decode_one_token   one token against the cache (TPOT)
+
+`generation.Decoder` is the one decode loop (prefill, then decode, sample,
+stop): `generate`, the live views, the dashboard and speculative decoding
+all drive it.
+
+The modules, in reading order:
+
+    the engine         loading.py (find and load a model), encoding.py (stage 1),
+                       model.py (stage 2), attention.py (mask, grouped-query heads,
+                       the by-hand / SDPA / tiled choice), kv_cache.py, sampling.py
+                       (stage 3), generation.py (prefill, decode, the loop, beam
+                       search), trace.py (what a forward pass records)
+    optimisations      quantize.py (int8 / int4 weights), tiled_attention.py
+                       (FlashAttention's tiles), speculative.py (prompt-lookup
+                       drafts), cuda_graphs.py (a replayable decode step)
+    measurement        costs.py (FLOPs and bytes, counted), timing.py (the clock,
+                       device sync, bandwidth and FLOP/s probes), measure.py (the
+                       sweeps of notebooks 06-07), precision.py (fp32 / bf16 /
+                       int8 side by side), bench.py (python -m labkit.bench)
+    serving            batching.py (static vs continuous batching, simulated)
+    the views          charts.py (every plotly figure), jupyter.py (figure box,
+                       View base), controls.py (sliders), views.py (the live
+                       views), dashboard.py (the lecture dashboard)
 """
 
-from .encoding import (Encoding, embed, encode, format_chat, learned_positions, model_rope_angles,
-                     normalize, rope_angles, sinusoidal_positions, token_strings)
-from .generation import Decoder, Generation, Step, decode_one_token, generate, prefill, recompute
-from .kv_cache import KVCache
 from .loading import (DEFAULT_MODEL, ModelNotAvailableError, cache_dir, default_dtype, default_gguf_file,
-                     load_model)
-from .sampling import METHODS, SamplingParams, distribution, sample
-from .trace import Trace, logit_lens
-from .attention import attention_by_hand, causal_mask
+                      load_model)
+from .encoding import (Encoding, embed, encode, format_chat, learned_positions, model_rope_angles,
+                       normalize, rope_angles, sinusoidal_positions, token_strings)
 from .model import SUPPORTED, Model, ModelConfig
+from .attention import attention_by_hand, causal_mask
+from .kv_cache import KVCache
+from .sampling import METHODS, SamplingParams, distribution, sample
+from .generation import Decoder, Generation, Step, decode_one_token, generate, prefill, recompute
+from .trace import Trace, logit_lens
 
 __all__ = [
     "DEFAULT_MODEL", "Decoder", "Encoding", "Generation", "KVCache", "METHODS", "Model", "ModelConfig",
-    "ModelNotAvailableError", "SUPPORTED", "SamplingParams", "Step", "Trace", "attention_by_hand", "cache_dir", "causal_mask",
+    "ModelNotAvailableError", "SUPPORTED", "SamplingParams", "Step", "Trace", "attention_by_hand", "cache_dir",
+    "causal_mask",
     "decode_one_token", "default_dtype", "default_gguf_file", "distribution", "embed", "encode",
     "format_chat", "generate", "learned_positions", "load_model", "logit_lens", "model_rope_angles",
     "normalize", "prefill", "recompute", "rope_angles", "sample", "sinusoidal_positions", "token_strings",

@@ -44,8 +44,13 @@ def run_mutmut(max_children: int) -> float:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE",
            "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
-    subprocess.run([*MUTMUT, "run", "--max-children", str(max_children)], cwd=ROOT, env=env,
-                   stdout=subprocess.DEVNULL, check=False)
+    log = ROOT / "mutants-run.log"
+    with open(log, "w") as out:
+        done = subprocess.run([*MUTMUT, "run", "--max-children", str(max_children)], cwd=ROOT, env=env,
+                              stdout=out, stderr=subprocess.STDOUT, check=False)
+    if done.returncode:
+        tail = log.read_text(errors="replace").replace("\r", "\n").strip().splitlines()[-15:]
+        sys.exit(f"mutmut run failed (exit {done.returncode}); the end of {log}:\n" + "\n".join(tail))
     return time.perf_counter() - t0
 
 

@@ -318,8 +318,10 @@ assert before.data[0].customdata[1] == 32 * cache.bytes_per_token
 #   cache grows linearly with the length and with the batch.
 # - GQA divides the cache by the group size against MHA; MQA keeps one K/V head.
 # - The cache turns a step's work from the whole sequence into one token: at
-#   length *n* about *n* times fewer FLOPs. The time saved grows with the
-#   length too, by how much depends on the machine.
+#   length *n* up to *n* times fewer FLOPs (a little less at long lengths,
+#   where the attention over the cache grows; the table prints the ratio).
+#   The time saved grows with the length too, by how much depends on the
+#   machine.
 #
 # ## Exercises
 #

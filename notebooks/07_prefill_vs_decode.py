@@ -252,15 +252,16 @@ assert dn > 1.2 * d1, "batching should raise decode throughput"
 charts.batch_chart(sweep)
 
 # %% [markdown]
-# - **Prefill**: a batch of *B* prompts is one prefill of *B* × 32 tokens.
-#   Even a single prompt already used each weight for many tokens, so there
-#   are no weight reads left to share: the time per token falls only while
-#   the extra tokens still find idle arithmetic units, and levels off once
-#   the device is busy. How many tokens that takes depends on the device (the
-#   TTFT sweep of section 2 shows it for one prompt); a large GPU running a
-#   model this small needs many thousands, so on a GPU the time per token
-#   still falls across this sweep: there the batch is still filling the
-#   device.
+# - **Prefill**: a batch of *B* prompts is one prefill of *B* × 32 tokens,
+#   whose intensity grows with *B* × 32 (compare
+#   `costs.prefill_workload(model, 32 * B).intensity` with the ridge point).
+#   Batching shares each weight read only while the prefill is still below
+#   the ridge, i.e. memory-bound. On a CPU, whose ridge is a few FLOP/byte, a
+#   single 32-token prompt is already past it: batching prompts only adds
+#   arithmetic, and the time per token levels off once the cores are busy.
+#   On a GPU, whose ridge is hundreds of FLOP/byte, a 32-token prefill is
+#   still memory-bound, so there the time per token keeps falling across
+#   this sweep until *B* × 32 tokens pass the ridge.
 # - **Decode**: tokens per second grow with the batch, because one read of
 #   the weights now serves *B* tokens. The growth slows when either the
 #   arithmetic units are full (the batch's intensity passes the ridge point) or
@@ -291,8 +292,9 @@ charts.roofline_chart(peak, bandwidth, [points[0]] + batch_points, device_name=O
 #   the ridge point (peak ÷ bandwidth) as the border.
 # - Batching shares each weight read among many sequences: decode throughput
 #   grows with the batch, until arithmetic or the KV cache's reads limit it.
-#   Prefill has no weight reads left to share (even one prompt has many
-#   tokens): its time per token falls only until the device is busy.
+#   Prefill shares weight reads too, but only while it is below the ridge
+#   point: on a CPU one prompt is already past it, on a GPU a short prompt
+#   is not.
 #
 # ## Exercises
 #

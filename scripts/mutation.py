@@ -51,13 +51,12 @@ RULES: list[tuple[str, str, str]] = [
      "group's range / 15)"),
     (r"", r"requires_grad", "equivalent: labkit runs under torch.inference_mode; no gradient is taken"),
     (r"", r"\.to\(None\)|dtype=None\)", "equivalent here: the tensor already has that dtype"),
-    (r"", r"device=None|device=device|, \)`", "equivalent on a CPU-only machine: the default device is the CPU "
+    (r"", r"device=None|device=device|, \)`|`- [^`]*device=[^`]*` / `\+ (?![^`]*device=)|"
+     r"make_generator\([^`]*, None\)", "equivalent on a CPU-only machine: the default device is the CPU "
      "(a GPU run catches it)"),
     (r"kl_divergence", r"\(\+1\)", "equivalent for (positions, vocab) logits, where dim 1 is the last"),
     (r"", r"float\(\"-INF\"\)", "equivalent: float() reads \"-INF\" as -inf"),
     (r"", r"shape\[\+2\]", "equivalent: k is 4-D, so shape[2] is shape[-2]"),
-    (r"", r"`- [^`]*device=[^`]*` / `\+ (?![^`]*device=)|make_generator\([^`]*, None\)",
-     "equivalent on a CPU-only machine: the default device is the CPU (a GPU run catches it)"),
     (r"", r"as_tensor\(previous_ids, (dtype=None, )?device", "equivalent: a list of ints becomes int64 anyway"),
     (r"eos_ids", r"", "equivalent for the models tested: the tokenizer and the generation config name the "
      "same EOS token, so either source alone gives the same set"),

@@ -10,15 +10,16 @@
 
 The three stages and the two phases, each one named function in one file:
 
-    stage 1, encode    encoding.encode          text -> token ids (chat template, normalising)
+    stage 1, encode    encoding.encode          text -> token ids (chat template; NFKC if asked)
     stage 2, forward   model.Model.forward      token ids -> logits, through every block
     stage 3, sample    sampling.sample          logits -> the next token
-    phase 1, prefill   generation.prefill       the whole prompt at once; fills the KV cache (TTFT)
-    phase 2, decode    generation.decode_one_token   one token against the cache (TPOT)
+    phase 1, prefill   generation.prefill       the whole prompt at once; fills the KV cache (most of TTFT)
+    phase 2, decode    generation.decode_one_token   one token against the cache (one gap; TPOT is their mean)
 
 `generation.Decoder` is the one decode loop (prefill, then decode, sample,
 stop): `generate`, the live views, the dashboard and speculative decoding
-all drive it.
+all drive it. Its clocks (TTFT from the request, prefill time, TPOT as the
+mean gap, ITL) are defined once, in labkit.generation.
 
 The modules, in reading order:
 

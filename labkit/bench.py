@@ -11,7 +11,9 @@ What it measures, all in the same process so the numbers share a machine state:
 2. Greedy generation at several prompt lengths, for each precision: labkit's
    `generate` against transformers' `generate` on the same weights and dtype
    (fp32, bf16); labkit int8 and int4 (labkit.quantize) against labkit bf16.
-   TTFT is the prefill step, TPOT the median decode step.
+   TTFT runs from the call with token ids (so no tokenization) to the first
+   token; TPOT is the mean gap between tokens, (e2e - TTFT) / (N - 1), as
+   labkit.Generation defines both; each is then the median over rounds.
 3. Decode without a KV cache against with one, at the longest prompt.
 4. The quality cost of int8 / int4 (KL divergence, greedy agreement).
 5. On CUDA: the captured decode step (labkit.cuda_graphs.GraphDecoder).
@@ -78,7 +80,7 @@ class EngineRun:
     """One timed greedy generation by one engine."""
 
     ttft_s: float
-    tpot_s: float            # median decode step of this run
+    tpot_s: float            # mean time per output token of this run
     token_ids: list[int] = field(default_factory=list)
 
 
@@ -116,8 +118,9 @@ def run_transformers(model, ids: list[int], new_tokens: int) -> EngineRun:
     # stamps[0] follows the prefill; stamps[k] - stamps[k-1] is decode step k
     # (with the sampling of the token before it, as labkit's steps have too).
     ttft = stamps[0] - t0
-    steps = [b - a for a, b in zip(stamps[:-1], stamps[1:])]
-    return EngineRun(ttft, median(steps), out[0, len(ids):].tolist())
+    # TPOT as labkit's Generation.tpot_s: the mean gap, (last - first) / (N - 1).
+    tpot = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else float("nan")
+    return EngineRun(ttft, tpot, out[0, len(ids):].tolist())
 
 
 def run_graph(decoder, ids: list[int], new_tokens: int) -> EngineRun:
@@ -139,7 +142,7 @@ def run_llama_cpp(llm, ids: list[int], new_tokens: int) -> EngineRun:
         token = llm.sample(temp=0.0)
         steps.append(time.perf_counter() - t0)
         tokens.append(token)
-    return EngineRun(ttft, median(steps), tokens)
+    return EngineRun(ttft, sum(steps) / len(steps) if steps else float("nan"), tokens)
 
 
 def prompt_ids(model, length: int) -> list[int]:

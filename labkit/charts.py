@@ -2,7 +2,7 @@
 
 Every chart builder of labkit is here, and every one is pure: it takes numbers
 (numpy arrays, torch tensors or lists), strings, or the result of a measurement
-(a TTFTSweep, a BatchingResult, ...), and returns a figure. Nothing here loads
+(a PrefillSweep, a BatchingResult, ...), and returns a figure. Nothing here loads
 or runs a model, so a chart can be redrawn at once when a slider moves, and
 each builder can be tested with made-up data.
 
@@ -20,7 +20,7 @@ What is here, in the order the data flows through a model, then the course:
     KV cache     kv_cache_chart, cache_size_comparison (and kv_cache_bytes, the formula)
     timing       timing_chart, cache_speedup_chart
     roofline     roofline_chart
-    sweeps       ttft_chart (labkit.measure.ttft_sweep), ttft_points_chart (one length
+    sweeps       prefill_chart (labkit.measure.prefill_sweep), prefill_points_chart (one length
                  at a time), batch_chart (batch_sweep)
     optimising   precision_chart (labkit.precision), tiles_chart (tiled attention),
                  rounds_chart (speculative decoding)
@@ -68,7 +68,7 @@ from .timing import median
 
 if TYPE_CHECKING:   # names of the results some charts draw; never imported at run time
     from .batching import BatchingResult
-    from .measure import BatchSweep, TTFTSweep
+    from .measure import BatchSweep, PrefillSweep
     from .precision import PrecisionResult
     from .speculative import SpeculativeGeneration
 
@@ -927,11 +927,14 @@ def cache_size_comparison(n_layers: int, n_heads: int, n_kv_heads: int, head_dim
 @_fits_title
 def timing_chart(step_seconds: Any, prefill_steps: int = 1,
                  title: str = "Time per step: prefill vs decode") -> go.Figure:
-    """Latency of every generation step in milliseconds.
+    """The work of every generation step, in milliseconds (Step.seconds).
 
-    The first `prefill_steps` bars are the prefill (their total is the time
-    to first token, TTFT); the rest are decode steps, whose median is the
-    time per output token (TPOT), drawn as a dashed line.
+    The first `prefill_steps` bars are the prefill (the prefill time, the
+    largest part of TTFT; TTFT also counts tokenization, from the request);
+    the rest are decode steps, whose mean is drawn as a dashed line. When the
+    steps follow one another with no pause (generate), that mean is about the
+    TPOT; a live view stepped by hand has pauses between steps, which the
+    bars leave out. The subtitle adds the median, the noise-robust figure.
     """
     ms = _to_numpy(step_seconds).reshape(-1) * 1000
     n = len(ms)
@@ -944,19 +947,19 @@ def timing_chart(step_seconds: Any, prefill_steps: int = 1,
         hovertemplate="step %{x} (%{customdata})<br>%{y:.2f} ms<extra></extra>",
     ))
     # Two empty traces only to explain the colours in the legend.
-    fig.add_trace(go.Bar(x=[None], y=[None], marker_color=ORANGE, name="prefill (TTFT)"))
-    fig.add_trace(go.Bar(x=[None], y=[None], marker_color=BLUE, name="decode (TPOT)"))
-    parts = [f"TTFT {ms[:prefill_steps].sum():.1f} ms"] if prefill_steps else []
+    fig.add_trace(go.Bar(x=[None], y=[None], marker_color=ORANGE, name="prefill"))
+    fig.add_trace(go.Bar(x=[None], y=[None], marker_color=BLUE, name="decode"))
+    parts = [f"prefill {ms[:prefill_steps].sum():.1f} ms"] if prefill_steps else []
     decode = ms[prefill_steps:]
     if len(decode):
-        # The same median as Generation.tpot_s, so the line matches the number the notebook prints.
-        tpot = median(decode)
-        # The line spans the decode steps only: TPOT says nothing about the prefill.
+        mean = float(decode.mean())
+        # The line spans the decode steps only: it says nothing about the prefill.
         # Its label is in the legend: a label on the chart would sit on the bars.
-        fig.add_trace(go.Scatter(x=[prefill_steps - 0.5, n - 0.5], y=[tpot, tpot], mode="lines",
+        fig.add_trace(go.Scatter(x=[prefill_steps - 0.5, n - 0.5], y=[mean, mean], mode="lines",
                                  line=dict(color=GREEN, dash="dash", width=3),
-                                 name=f"median TPOT {tpot:.1f} ms", hoverinfo="name"))
-        parts.append(f"median TPOT {tpot:.1f} ms ({1000 / tpot:.1f} tokens/s)" if tpot > 0 else "")
+                                 name=f"mean decode step {mean:.1f} ms", hoverinfo="name"))
+        parts.append(f"mean decode step {mean:.1f} ms ({1000 / mean:.1f} tokens/s), "
+                     f"median {median(decode):.1f} ms" if mean > 0 else "")
     fig.update_xaxes(title="step (0 = prefill)" if prefill_steps == 1 else "step")
     _step_axis(fig, range(n))
     fig.update_yaxes(title="time (ms)", rangemode="tozero")
@@ -972,8 +975,13 @@ def timing_chart(step_seconds: Any, prefill_steps: int = 1,
 
 @_fits_title
 def cache_speedup_chart(lengths: Any, with_cache_s: Any, without_cache_s: Any,
-                        title: str = "Generation time with and without the KV cache") -> go.Figure:
-    """Time against sequence length, with the cache (about linear) and without (about quadratic)."""
+                        title: str = "Time for one more token, with and without the KV cache") -> go.Figure:
+    """The time of ONE step (one more token) against the sequence length
+    (labkit.measure.cache_speedup). Per step, the cached line is about flat
+    (one token through the weights, plus attention over the cached positions,
+    a small term that grows slowly) and the uncached one about linear (the
+    whole sequence again). Summed over a generation of n tokens, these become
+    about linear and about quadratic in n."""
     x = _to_numpy(lengths).reshape(-1)
     with_c = _to_numpy(with_cache_s).reshape(-1)
     without = _to_numpy(without_cache_s).reshape(-1)
@@ -989,7 +997,7 @@ def cache_speedup_chart(lengths: Any, with_cache_s: Any, without_cache_s: Any,
     if len(x) and with_c[-1] > 0:
         sub = f"at {x[-1]:.0f} tokens the cache is {without[-1] / with_c[-1]:.1f}x faster"
     fig.update_xaxes(title="sequence length (tokens)")
-    fig.update_yaxes(title="time (s)", rangemode="tozero")
+    fig.update_yaxes(title="time for one more token (s)", rangemode="tozero")
     fig.update_layout(title=title_text(title, sub), **_size(800, 480),
                       legend=dict(x=0.02, y=0.98, bgcolor="rgba(255,255,255,0.7)"))
     return fig
@@ -1059,18 +1067,20 @@ def roofline_chart(peak_flops: float, bandwidth_bytes_per_s: float,
 # --------------------------------------------------------------------------
 
 @_fits_title
-def ttft_chart(sweep: TTFTSweep, title: str = "Prefill time (TTFT) against prompt length") -> go.Figure:
-    """Left: TTFT (ms) against prompt length. Right: the same time per prompt token."""
+def prefill_chart(sweep: PrefillSweep, title: str = "Prefill time against prompt length") -> go.Figure:
+    """Left: the prefill time (ms) against prompt length. Right: the same time
+    per prompt token. A prefill sweep times the forward pass alone: TTFT, from
+    the request, adds tokenization (and, on a server, queueing)."""
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
-                        subplot_titles=("time to first token", "time per prompt token"))
+                        subplot_titles=("prefill time", "time per prompt token"))
     fig.add_trace(go.Scatter(x=sweep.lengths, y=[s * 1e3 for s in sweep.seconds], mode="lines+markers",
-                             name="TTFT", line=dict(color=ORANGE),
-                             hovertemplate="%{x} tokens<br>TTFT %{y:.1f} ms<extra></extra>"), row=1, col=1)
+                             name="prefill", line=dict(color=ORANGE),
+                             hovertemplate="%{x} tokens<br>prefill %{y:.1f} ms<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Scatter(x=sweep.lengths, y=sweep.ms_per_token, mode="lines+markers",
                              name="per prompt token", line=dict(color=BLUE),
                              hovertemplate="%{x} tokens<br>%{y:.2f} ms per token<extra></extra>"), row=1, col=2)
     fig.update_xaxes(title="prompt length (tokens)", rangemode="tozero")
-    fig.update_yaxes(title="TTFT (ms)", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title="prefill time (ms)", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title="ms per prompt token", rangemode="tozero", row=1, col=2)
     fig.update_layout(title=title_text(title, f"measured on {sweep.device}, median of {sweep.repeats}"),
                       width=1000, height=460, showlegend=False)
@@ -1078,25 +1088,30 @@ def ttft_chart(sweep: TTFTSweep, title: str = "Prefill time (TTFT) against promp
 
 
 @_fits_title
-def ttft_points_chart(ttft: dict[int, float], current: int | None = None, max_length: int | None = None,
-                      device: str = "", title: str = "Prefill time (TTFT) against prompt length") -> go.Figure:
-    """TTFT (ms) of every prompt length measured so far (`ttft`: length -> seconds), one
-    line; `current` (the length shown now) marked; the x axis runs to `max_length`.
-    For lengths measured one at a time (a slider); a whole sweep is ttft_chart's."""
-    lengths = sorted(ttft)
-    fig = go.Figure(go.Scatter(x=lengths, y=[ttft[n] * 1e3 for n in lengths], mode="lines+markers",
+def prefill_points_chart(seconds: dict[int, float], current: int | None = None, max_length: int | None = None,
+                         device: str = "", title: str = "Prefill time against prompt length") -> go.Figure:
+    """The prefill time (ms) of every prompt length measured so far (`seconds`:
+    length -> seconds), one line; `current` (the length shown now) marked; the
+    x axis runs to `max_length`. For lengths measured one at a time (a slider);
+    a whole sweep is prefill_chart's."""
+    lengths = sorted(seconds)
+    fig = go.Figure(go.Scatter(x=lengths, y=[seconds[n] * 1e3 for n in lengths], mode="lines+markers",
                                name="measured", line=dict(color=BLUE),
-                               hovertemplate="%{x} tokens<br>TTFT %{y:.1f} ms<extra></extra>"))
-    if current in ttft:
-        fig.add_trace(go.Scatter(x=[current], y=[ttft[current] * 1e3], mode="markers", name="now",
+                               hovertemplate="%{x} tokens<br>prefill %{y:.1f} ms<extra></extra>"))
+    if current in seconds:
+        fig.add_trace(go.Scatter(x=[current], y=[seconds[current] * 1e3], mode="markers", name="now",
                                  marker=dict(color=ORANGE, size=16)))
     fig.update_xaxes(title="prompt length (tokens)", range=[0, (max_length or max(lengths, default=1)) * 1.05])
-    fig.update_yaxes(title="time to first token (ms)", rangemode="tozero")
+    fig.update_yaxes(title="prefill time (ms)", rangemode="tozero")
     sub = f"{len(lengths)} lengths measured" + (f" on {device}" if device else "")
     if not lengths:
         sub = "move the slider"
     fig.update_layout(title=title_text(title, sub), width=800, height=480, showlegend=False)
     return fig
+
+
+# The names these had when the prefill time was called TTFT.
+ttft_chart, ttft_points_chart = prefill_chart, prefill_points_chart
 
 
 @_fits_title

@@ -1,13 +1,21 @@
 """Stage 1, encode: text -> token ids -> vectors.
 
-    normalise (NFKC: full-width -> half-width)  ->  chat template (system
-    prompt, joined turns)  ->  tokenize (ids, readable pieces)  ->  embedding
-    lookup  ->  positional information.
+    [optional: normalise (NFKC: full-width -> half-width)]  ->  chat template
+    (system prompt, joined turns)  ->  tokenize (ids, readable pieces)  ->
+    embedding lookup  ->  positional information.
+
+Normalising is off by default: a serving engine feeds the model its own
+tokenizer's ids for the text as typed, and the model was trained on
+full-width Chinese punctuation (，。？), which NFKC would turn into ASCII
+(other ids, another prompt). `normalize_text=True` shows what it changes.
 
 Readable pieces: byte-level BPE vocabularies (GPT-2, SmolLM, Qwen) store each
 piece as bytes spelled with printable stand-in characters ("Ġ" for a space).
 `token_strings` turns them back into text, and shows a piece that is only part
-of a UTF-8 character as its bytes (`<0xE6>`) instead of mojibake (`æ`).
+of a UTF-8 character as its bytes instead of mojibake (`æ`). It writes them
+`<0xE6>`, the notation SentencePiece uses for its byte-fallback tokens: that
+is labkit's display form only, not an entry of a byte-level BPE vocabulary
+(there the byte is the stand-in character itself).
 
 Positions: the sinusoidal encoding of the original Transformer, the learned
 position vectors of GPT-2, and the RoPE rotation angles of Llama-style models.
@@ -75,12 +83,13 @@ def format_chat(model, messages: list[Message] | str, system: str | None = None,
 
 
 def encode(model, text: str | list[Message], *, chat: bool = False, system: str | None = None,
-           normalize_text: bool = True, add_special_tokens: bool = True) -> Encoding:
+           normalize_text: bool = False, add_special_tokens: bool = True) -> Encoding:
     """Tokenize a prompt.
 
     text: a prompt, or a conversation (a list of {"role", "content"} turns).
     chat: apply the chat template (implied by a conversation or a system prompt).
-    normalize_text: apply NFKC normalisation first.
+    normalize_text: apply NFKC normalisation first (off by default: the model's
+        own tokenizer sees the text as typed, full-width punctuation included).
     """
     if isinstance(text, str):
         if not text:

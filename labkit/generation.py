@@ -1,10 +1,9 @@
 """The autoregressive loop: prefill, then decode one token at a time.
 
     prefill:           the whole prompt in one forward pass; fills the KV cache;
-                       its latency is TTFT (time to first token).
+                       its latency is the prefill time (the largest part of TTFT).
     decode_one_token:  one new token against the cache; reads every weight and
-                       the whole cache; its latency is a TPOT (time per output
-                       token) sample.
+                       the whole cache; its latency is one inter-token gap.
     recompute:         the "without KV cache" baseline: the whole sequence
                        again at every step. The same greedy tokens, slower.
 
@@ -16,6 +15,18 @@ generation is over (EOS, a stop string, the length limit). `generate` runs a
 Decoder to the end; labkit.views.LiveGeneration and the dashboard step one
 from the page; speculative decoding feeds it the tokens its verifying passes
 keep. So every Step and every finish reason comes from one place.
+
+The clocks (one definition each, the usual ones in serving benchmarks):
+
+    TTFT   time to first token, from the request: generate() (or Decoder) is
+           called -> the first token exists. It includes tokenization (when the
+           prompt is text), the cache allocation, the prefill pass and sampling.
+           A single request has no queue; labkit.batching adds the queueing.
+    prefill time   the prefill step alone (Step.seconds of step 0).
+    e2e    end-to-end latency: the request -> the last token.
+    TPOT   time per output token, the mean: (e2e - TTFT) / (N - 1).
+    ITL    inter-token latencies: the N - 1 gaps between consecutive tokens;
+           their mean is TPOT, their percentiles show the jitter.
 
 Streaming: a Step's `text` is the text its token completes; it never ends in
 half a UTF-8 character (Chinese text from a byte-level vocabulary often needs
@@ -52,11 +63,12 @@ class Step:
     token_id: int
     text: str              # the text this step added to the output ("" while a character is incomplete)
     prob: float            # the model's probability of the token (softmax at temperature 1)
-    seconds: float         # latency of this step: TTFT for step 0, a TPOT sample after
+    seconds: float         # this step's own work: the prefill time for step 0, a decode step after
     cache_len: int         # positions in the KV cache after this step (0 without a cache)
     cache_nbytes: int      # bytes of K and V held after this step
     phase: str             # "prefill" or "decode"
     attention: torch.Tensor | None = None   # (layers, heads, keys): this token's query row, when recorded
+    at_s: float = float("nan")  # seconds from the request to this token's emission
 
 
 @dataclass
@@ -70,23 +82,48 @@ class Generation:
     cache: KVCache | None = None
     prefill_trace: Trace | None = None   # the prefill's Trace when record=True
 
+    tokenize_s: float = 0.0              # the part of TTFT spent turning text into ids
+
     @property
     def ttft_s(self) -> float:
-        """Time to first token: the prefill step."""
+        """Time to first token, from the request (tokenization and prefill included)."""
+        return self.steps[0].at_s if self.steps else float("nan")
+
+    @property
+    def prefill_s(self) -> float:
+        """The prefill step alone: one forward pass over the prompt and the first sample."""
         return self.steps[0].seconds if self.steps else float("nan")
 
     @property
+    def e2e_s(self) -> float:
+        """End-to-end latency: the request to the last token."""
+        return self.steps[-1].at_s if self.steps else float("nan")
+
+    @property
+    def itl_s(self) -> list[float]:
+        """Inter-token latencies: the gaps between consecutive tokens (N - 1 of them)."""
+        return [b.at_s - a.at_s for a, b in zip(self.steps, self.steps[1:])]
+
+    @property
     def tpot_s(self) -> float:
-        """Time per output token: the median decode step (robust to a noisy machine)."""
-        return timing.median(s.seconds for s in self.steps[1:])
+        """Time per output token, the mean: (e2e - TTFT) / (N - 1). nan below two tokens."""
+        n = len(self.steps)
+        return (self.e2e_s - self.ttft_s) / (n - 1) if n > 1 else float("nan")
+
+    @property
+    def tpot_median_s(self) -> float:
+        """The median inter-token gap: a noise-robust companion to TPOT (one slow
+        step on a busy machine moves the mean, not the median)."""
+        return timing.median(self.itl_s)
+
+    def itl_percentile(self, p: float) -> float:
+        """The p-th percentile (0-100) of the inter-token latencies (nearest rank)."""
+        return timing.percentile(self.itl_s, p)
 
     @property
     def tokens_per_s(self) -> float:
+        """Decode speed: 1 / TPOT."""
         return 1.0 / self.tpot_s if self.tpot_s == self.tpot_s and self.tpot_s > 0 else float("nan")
-
-    @property
-    def total_s(self) -> float:
-        return sum(s.seconds for s in self.steps)
 
     def __repr__(self) -> str:
         return (f"Generation({self.text!r}, {len(self.token_ids)} tokens, finish={self.finish_reason!r}, "
@@ -200,8 +237,9 @@ def newest_attention_row(trace: Trace) -> torch.Tensor:
 class Decoder:
     """Generation as a stepper: each `step()` makes one token.
 
-    The first step is prefill (its time is the TTFT); every later one feeds
-    the newest token to decode_one_token (a TPOT sample), or, with
+    The clock starts when the Decoder is made (the request); the first step
+    is prefill (its token ends the TTFT); every later one feeds the newest
+    token to decode_one_token (one inter-token gap), or, with
     use_cache=False, recomputes the whole sequence. `params` may be replaced
     between steps (a live view's sliders); it applies from the next step on.
 
@@ -213,9 +251,11 @@ class Decoder:
     def __init__(self, model, prompt, max_new_tokens: int = 32, params: SamplingParams | None = None, *,
                  use_cache: bool = True, record: bool = False, stop: list[str] | str | None = None,
                  stop_at_eos: bool = True, chat: bool = False, system: str | None = None):
+        self.requested_at = time.perf_counter()    # the request: TTFT and every Step.at_s count from here
         self.model, self.max_new_tokens, self.record = model, max_new_tokens, record
         self.params = params or SamplingParams()
         text, ids = read_prompt(model, prompt, chat, system)
+        tokenize_s = time.perf_counter() - self.requested_at
         check_length(model, len(ids), max_new_tokens)
         self.prompt_ids = ids.to(model.device)                  # (T,)
         self.ids = ids.tolist()            # prompt + tokens so far (repetition penalty, recompute, drafts)
@@ -224,7 +264,7 @@ class Decoder:
         self.generator = make_generator(self.params.seed, model.device)
         # Room for the prompt and every new token; none when no token is asked for.
         self.cache = model.new_cache(max_len=len(ids) + max_new_tokens) if use_cache and max_new_tokens else None
-        self.generation = Generation(text, ids.tolist(), cache=self.cache)
+        self.generation = Generation(text, ids.tolist(), cache=self.cache, tokenize_s=tokenize_s)
         self.last_logits: torch.Tensor | None = None   # (vocab,): the logits the last token came from
         self.last_probs: torch.Tensor | None = None    # (vocab,): the distribution it was drawn from
         self._streamer = Streamer(model.tokenizer)
@@ -258,6 +298,7 @@ class Decoder:
         logits = self._next_logits(trace)                                  # (vocab,)
         token, self.last_probs = sample(logits, params=self.params, previous_ids=self.ids,
                                         generator=self.generator)
+        timing.sync(self.model.device)           # the token exists only once the device is done
         return self.add_token(token, logits, time.perf_counter() - start, trace)
 
     def run(self, n: int | None = None) -> list[Step]:
@@ -287,9 +328,11 @@ class Decoder:
         self.ids.append(token)
         gen.token_ids.append(token)
         self.last_logits = logits
+        emitted = time.perf_counter() - self.requested_at
         step = Step(index, token, self._streamer.add(token), token_probability(logits, token), seconds,
                     self.cache.length if self.cache else 0, self.cache.nbytes if self.cache else 0,
-                    "prefill" if index == 0 else "decode", newest_attention_row(trace) if trace else None)
+                    "prefill" if index == 0 else "decode", newest_attention_row(trace) if trace else None,
+                    emitted)
         gen.steps.append(step)
         if index == 0:
             gen.prefill_trace = trace
@@ -347,20 +390,28 @@ def beam_search(model, prompt, max_new_tokens: int = 32, num_beams: int = 4, *, 
                 system: str | None = None, stop_at_eos: bool = True,
                 on_token: Callable[[str, Step], None] | None = None,
                 length_penalty: float = 1.0) -> Generation:
-    """Keep the num_beams most likely sequences (sum of log-probabilities).
+    """Keep the num_beams most likely sequences.
+
+    Two scores, as in Hugging Face's beam search: during the search beams are
+    ranked by their total log-probability (all running beams have the same
+    length, so totals compare fairly); the final answer is the best finished
+    hypothesis by total / length ** length_penalty, because finished ones
+    differ in length and every extra token makes a total more negative
+    (without the division the shortest answer would win).
 
     Each step scores every beam's every next token, keeps the best 2 x
     num_beams candidates, sets aside those that end in EOS as finished
-    hypotheses, and continues with the best num_beams others. The cache rows
-    follow the beams that were kept. The answer is the best finished
-    hypothesis by score / length ** length_penalty. on_token gets the whole
-    text once, at the end (the best beam is known only then).
+    hypotheses, and continues with the best num_beams others. The cache holds
+    one row per beam (num_beams x a greedy run's bytes) and is reordered every
+    step so that its rows follow the beams that were kept. on_token gets the
+    whole text once, at the end (the best beam is known only then).
     """
     if not isinstance(num_beams, int) or num_beams < 1:
         raise ValueError(f"num_beams must be an integer >= 1, got {num_beams!r}")
+    requested_at = time.perf_counter()
     text, ids = read_prompt(model, prompt, chat, system)
     check_length(model, len(ids), max_new_tokens)
-    gen = Generation(text, ids.tolist())
+    gen = Generation(text, ids.tolist(), tokenize_s=time.perf_counter() - requested_at)
     if max_new_tokens == 0:
         return gen
     eos = eos_ids(model) if stop_at_eos else set()
@@ -394,10 +445,11 @@ def beam_search(model, prompt, max_new_tokens: int = 32, num_beams: int = 4, *, 
         beams = next_beams
         scores = torch.tensor(next_scores, device=model.device)
         cache.reorder(torch.tensor(rows, device=model.device))
+        timing.sync(model.device)
         now = time.perf_counter()
         gen.steps.append(Step(index, beams[0][-1], "", math.exp(float(logp[rows[0], beams[0][-1]])),
                               now - start, cache.length, cache.nbytes,
-                              "prefill" if index == 0 else "decode"))
+                              "prefill" if index == 0 else "decode", at_s=now - requested_at))
         start = time.perf_counter()
         # Stop once num_beams hypotheses have finished and none running can beat them.
         if len(finished) >= num_beams:

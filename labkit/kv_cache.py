@@ -6,8 +6,13 @@ attends over everything stored so far. Without the cache, every step would
 recompute K and V for the whole sequence.
 
 The storage is allocated once, at `max_len` positions, so the cache never
-copies itself as it grows (as a serving engine's static cache does). Layers
-read back only the positions in use (`[:length]`), never the empty tail.
+copies itself as it grows. Layers read back only the positions in use
+(`[:length]`), never the empty tail. That suits one request (or a fixed batch)
+at a time, as labkit runs; it is not what serving engines do: reserving
+max_len positions for every request wastes the memory of every answer that
+ends early, and that waste is what PagedAttention (vLLM, Kwon et al. 2023)
+removes, with a shared pool of fixed-size blocks handed to each request on
+demand (notebook 10).
 
 Shapes:  k, v: (layers, batch, kv_heads, max_len, head_size)
 """

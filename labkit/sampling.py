@@ -74,8 +74,13 @@ class SamplingParams:
 
 
 def apply_repetition_penalty(logits: torch.Tensor, previous_ids, penalty: float) -> torch.Tensor:
-    """Make tokens already in the text less likely (CTRL's rule): a positive
-    logit is divided by the penalty, a negative one multiplied by it."""
+    """Make tokens already in the text less likely: a positive logit is
+    divided by the penalty, a negative one multiplied by it.
+
+    That two-sided rule is Hugging Face's (transformers'
+    RepetitionPenaltyLogitsProcessor; llama.cpp and vLLM follow it). The CTRL
+    paper (Keskar et al. 2019), where the penalty comes from, only divides,
+    which would make a negative logit *more* likely."""
     if penalty == 1.0 or previous_ids is None or len(previous_ids) == 0:
         return logits
     idx = torch.as_tensor(previous_ids, dtype=torch.long, device=logits.device).unique()

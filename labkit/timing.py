@@ -20,12 +20,12 @@ What is here:
 
     device_name, device_label        what a measurement ran on, in words
     sync                             wait until the device has finished
-    median                           the middle of measured times (TPOT is the median decode step)
+    median, percentile               the middle / the q-th percentile of measured times (ITL, latencies)
     Timing, time_fn                  time a function: warm-up, repeats, the seconds of each
     read_bandwidth, copy_bandwidth   memory bandwidth (bytes/s), the fastest of a few runs
     matmul_flops_per_s               matmul throughput (FLOP/s), the fastest of a few runs
 
-The engine imports this file (Generation.tpot_s is a `median`), so it holds
+The engine imports this file (Generation's ITL percentiles), so it holds
 no plotting. The sweeps built on it are in labkit.measure, the formulas of
 what a forward pass costs in labkit.costs.
 
@@ -37,6 +37,7 @@ machine as the student has it.
 
 from __future__ import annotations
 
+import math
 import platform
 import time
 from dataclasses import dataclass
@@ -99,6 +100,22 @@ def median(values: Iterable[float]) -> float:
     there are none (a generation of one token has no decode step to time)."""
     ordered = sorted(values)
     return float(ordered[len(ordered) // 2]) if ordered else float("nan")
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """The q-th percentile (0-100), nearest rank: the smallest value with at
+    least q% of the values at or below it, the ceil(q/100 x n)-th smallest
+    (p50 of 1..10 is 5, p90 is 9; p0 is the minimum). Like `median`, always a
+    value that was measured. NaN when there are none."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be a percentile between 0 and 100, got {q!r}")
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    # 1-based rank; q x n first, so 7% of 100 is 7, not 7.000000000000001 (ceil: 8),
+    # and ceil, not round(), which rounds halves to even.
+    rank = math.ceil(q * len(ordered) / 100)
+    return float(ordered[min(len(ordered), max(1, rank)) - 1])
 
 
 @dataclass

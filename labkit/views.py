@@ -12,7 +12,7 @@ ipywidgets box to show; `.figures()`, copies of its current charts; and
     AttentionExplorer(model, text)    one recorded forward pass; layer and head sliders
     SamplingExplorer(model, prompt)   next-token logits computed once; the sliders re-filter them
     LiveGeneration(model, prompt)     step / run / reset through generation, one token at a time
-    PromptLengthExplorer(model, text) prefill the first N tokens: TTFT and KV cache size
+    PromptLengthExplorer(model, text) prefill the first N tokens: prefill time and KV cache size
 
 Each is a labkit.jupyter.View: its charts are FigureBoxes (how they redraw under
 JupyterLab, Voila and Colab, and why redraws wait a moment, is explained
@@ -385,7 +385,7 @@ class LiveGeneration(View):
         self.token_ids: list[int] = []
         self.tokens: list[str] = []
         self.probs: list[float] = []          # the model's probability of each token
-        self.seconds: list[float] = []        # step latency: TTFT first, then TPOT samples
+        self.seconds: list[float] = []        # each step's work: the prefill first, then decode steps
         self.cache_bytes: list[int] = []      # KV cache bytes after each step
         self.finish_reason = ""
         self._row = None                      # (layers, heads, keys): the last query's attention
@@ -523,7 +523,7 @@ class LiveGeneration(View):
         parts = [f"<code>{html.escape(self.prompt_text)}</code>{gen}"]
         if self.token_ids:
             k = len(self.token_ids) - 1
-            phase = "prefill (TTFT)" if k == 0 else "decode"
+            phase = "prefill" if k == 0 else "decode"
             parts.append(f"step {k} ({phase}): <b>{html.escape(charts.token_label(self.tokens[-1]))}</b>, probability "
                          f"{self.probs[-1]:.3f}, {self.seconds[-1] * 1e3:.0f} ms; KV cache {self.cache.length} "
                          f"positions, {charts.format_bytes(self.cache_bytes[-1])} "
@@ -550,9 +550,11 @@ class LiveGeneration(View):
 # ----------------------------------------------------------------------------
 
 class PromptLengthExplorer(View):
-    """Prefill the first N tokens of a long prompt: TTFT and KV cache size.
+    """Prefill the first N tokens of a long prompt: prefill time and KV cache size.
 
-    Each slider stop runs one prefill (timed once: the TTFT chart collects every
+    The prefill is the largest part of the time to first token (TTFT adds the
+    tokenization, and on a server the queueing; labkit.generation defines it).
+    Each slider stop runs one prefill (timed once: the chart collects every
     length measured so far, so a noisy point shows up as an outlier, not as
     the whole curve). The slider sends its value only on release, and redraws
     are coalesced, so a busy model is never asked for stale lengths.
@@ -572,10 +574,10 @@ class PromptLengthExplorer(View):
         self.sweep_button = widgets.Button(description="sweep", icon="line-chart",
                                            tooltip="measure 8 lengths from 1 to all")
         self.info = widgets.HTML()
-        self.ttft: dict[int, float] = {}          # length -> seconds of its latest prefill
+        self.prefill_s: dict[int, float] = {}     # length -> seconds of its latest prefill
         self.length = self.slider.value           # the length shown
         self.cache = None
-        self.add_box("ttft", self._ttft_figure(), height=480)
+        self.add_box("prefill", self._prefill_figure(), height=480)
         self.add_box("cache", self._cache_figure(), height=520)
         self.set_length(self.slider.value)
         self.slider.observe(lambda _: self._redraw_later(lambda: self.set_length(self.slider.value), "length"),
@@ -583,41 +585,46 @@ class PromptLengthExplorer(View):
         self.sweep_button.on_click(lambda _: self._stop() if self.busy else self._queue(
             [lambda n=n: self.set_length(n) for n in self._sweep_lengths()], "length"))
         self.widget = widgets.VBox([widgets.HBox([self.slider, self.sweep_button]), self.info, self.error,
-                                    self.boxes["ttft"].widget, self.boxes["cache"].widget])
+                                    self.boxes["prefill"].widget, self.boxes["cache"].widget])
 
     def set_length(self, n: int) -> float:
-        """Prefill the first n tokens (one model call), redraw; returns TTFT in seconds."""
+        """Prefill the first n tokens (one model call), redraw; returns its time in seconds."""
         if not 1 <= n <= len(self.ids):
             raise ValueError(f"length must be in [1, {len(self.ids)}], got {n}")
         self.cache = self.model.new_cache(max_len=n)
         start = time.perf_counter()
         logits = prefill(self.model, self.ids[:n], self.cache)             # (vocab,)
         sync(self.model.device)            # on a GPU the prefill is queued, not yet finished
-        self.ttft[n] = time.perf_counter() - start
+        self.prefill_s[n] = time.perf_counter() - start
         self.length = n
         nxt = token_strings(self.model.tokenizer, [int(logits.argmax())])[0]
         tail = "".join(self.tokens[max(0, n - 12):n])
         self.info.value = (f"first <b>{n}</b> tokens (…<code>{html.escape(tail)}</code>) → "
-                           f"TTFT <b>{self.ttft[n] * 1e3:.0f} ms</b>; KV cache {charts.format_bytes(self.cache.nbytes)} "
+                           f"prefill <b>{self.prefill_s[n] * 1e3:.0f} ms</b>; KV cache {charts.format_bytes(self.cache.nbytes)} "
                            f"= {n} × {charts.format_bytes(self.cache.bytes_per_token)}; most likely next token "
                            f"<b>{html.escape(charts.token_label(nxt))}</b>")
-        self.boxes["ttft"].update(self._ttft_figure())
+        self.boxes["prefill"].update(self._prefill_figure())
         self.boxes["cache"].update(self._cache_figure())
-        return self.ttft[n]
+        return self.prefill_s[n]
+
+    @property
+    def ttft(self) -> dict[int, float]:
+        """The old name of prefill_s (it timed the prefill, not the whole TTFT)."""
+        return self.prefill_s
 
     def sweep(self, lengths: list[int] | None = None) -> dict[int, float]:
-        """Measure TTFT at several lengths (default: 8 from 1 to all); returns self.ttft."""
+        """Measure the prefill at several lengths (default: 8 from 1 to all); returns self.prefill_s."""
         for n in lengths or self._sweep_lengths():
             self.set_length(n)
-        return self.ttft
+        return self.prefill_s
 
     def _sweep_lengths(self) -> list[int]:
         n = len(self.ids)
         return sorted({max(1, round(n * k / 8)) for k in range(1, 9)})
 
-    def _ttft_figure(self) -> go.Figure:
-        return charts.ttft_points_chart(self.ttft, current=self.length, max_length=len(self.ids),
-                                        device=str(self.model.device))
+    def _prefill_figure(self) -> go.Figure:
+        return charts.prefill_points_chart(self.prefill_s, current=self.length, max_length=len(self.ids),
+                                           device=str(self.model.device))
 
     def _cache_figure(self) -> go.Figure:
         c = self.model.config

@@ -337,18 +337,18 @@ def test_course_example_sizes():
 # Timing and roofline
 # --------------------------------------------------------------------------
 
-def test_timing_chart_prefill_and_median_tpot():
-    seconds = [0.25, 0.030, 0.034, 0.031, 0.040, 0.029]
+def test_timing_chart_prefill_and_mean_decode_step():
+    seconds = [0.25, 0.030, 0.034, 0.031, 0.040, 0.030]
     fig = charts.timing_chart(seconds, prefill_steps=1)
     bar = fig.data[0]
     np.testing.assert_allclose(bar.y, np.array(seconds) * 1000)
     assert list(bar.marker.color) == [charts.ORANGE] + [charts.BLUE] * 5
-    decode_ms = sorted(s * 1000 for s in seconds[1:])
-    line = next(t for t in fig.data if (t.name or "").startswith("median TPOT"))
-    assert list(line.y) == pytest.approx([decode_ms[len(decode_ms) // 2]] * 2)      # 31 ms
+    line = next(t for t in fig.data if (t.name or "").startswith("mean decode step"))
+    # By hand: (30 + 34 + 31 + 40 + 30) / 5 = 33 ms; the median of the five is 31 ms.
+    assert list(line.y) == pytest.approx([33.0, 33.0])
     assert line.x[0] == 0.5 and line.x[1] == 5.5        # over the decode steps only
-    assert "31.0 ms" in line.name                        # labelled in the legend, not on the bars
-    assert "TTFT 250.0 ms" in fig.layout.title.text
+    assert "33.0 ms" in line.name                        # labelled in the legend, not on the bars
+    assert "prefill 250.0 ms" in fig.layout.title.text and "median 31.0 ms" in fig.layout.title.text
     assert fig.layout.xaxis.dtick == 1                   # 6 steps: no tick at step 0.5
 
 
@@ -380,13 +380,13 @@ def test_roofline_chart():
     assert "H200" in fig.layout.title.text
 
 
-def test_ttft_points_chart_marks_the_current_length():
-    fig = charts.ttft_points_chart({64: 0.02, 8: 0.005}, current=64, max_length=100, device="cpu")
+def test_prefill_points_chart_marks_the_current_length():
+    fig = charts.prefill_points_chart({64: 0.02, 8: 0.005}, current=64, max_length=100, device="cpu")
     line, now = fig.data
     assert list(line.x) == [8, 64] and list(line.y) == pytest.approx([5.0, 20.0])   # sorted, in ms
     assert (now.x[0], now.y[0]) == (64, pytest.approx(20.0))
     assert fig.layout.xaxis.range[1] == pytest.approx(105) and "2 lengths measured on cpu" in fig.layout.title.text
-    assert len(charts.ttft_points_chart({}).data) == 1                                 # nothing measured yet
+    assert len(charts.prefill_points_chart({}).data) == 1                                 # nothing measured yet
 
 
 @pytest.mark.parametrize("n_queries, n_keys, block, counts", [
@@ -570,9 +570,9 @@ def test_real_generation_timing_and_cache(model):
     gen = labkit.generate(model, "The capital of France is", max_new_tokens=3, method="greedy")
     steps = gen.steps
     fig = charts.timing_chart([s.seconds for s in steps], prefill_steps=1)
-    line = next(t for t in fig.data if (t.name or "").startswith("median TPOT"))
-    decode_ms = sorted(s.seconds * 1000 for s in steps[1:])
-    assert line.y[0] == pytest.approx(decode_ms[len(decode_ms) // 2])     # the upper middle of 2
+    line = next(t for t in fig.data if (t.name or "").startswith("mean decode step"))
+    decode_ms = [s.seconds * 1000 for s in steps[1:]]
+    assert line.y[0] == pytest.approx(sum(decode_ms) / 2)                 # the mean of the 2 decode steps
     cache = charts.kv_cache_chart([s.index for s in steps], [s.cache_nbytes for s in steps])
     y = np.asarray(cache.data[0].y) * 1e6
     # SmolLM2-135M, by hand: 2 (K, V) x 30 layers x 3 KV heads x 64 x 4 bytes (fp32) per token.

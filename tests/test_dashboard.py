@@ -43,8 +43,9 @@ def test_step_updates_every_chart(dash, model):
     assert dash.live.token_ids == greedy.token_ids and first == greedy.token_ids[0]
     timing = after["timing"]
     assert len(timing.data[0].y) == 2                               # one bar per step
-    assert "TTFT" in dash.timing.value and "TPOT" in dash.timing.value
-    assert dash.ttft_s > 0 and dash.tpot_s > 0
+    assert "prefill" in dash.timing.value and "decode step" in dash.timing.value
+    assert dash.prefill_s == dash.live.seconds[0] > 0
+    assert dash.decode_step_s == dash.live.seconds[1] > 0          # the mean of one decode step
     assert len(after["tokens"].data[0].text) == 2                   # the streamed tokens
     assert len(after["attention"].data[0].y) == len(dash.live.prompt_ids) + 1
 
@@ -54,7 +55,7 @@ def test_run_to_the_end_and_reset(dash):
     ids = dash.run()
     assert len(ids) == 6 and dash.live.finished
     dash.reset()
-    assert dash.live.token_ids == [] and "TTFT" not in dash.timing.value
+    assert dash.live.token_ids == [] and "prefill" not in dash.timing.value
     assert len(dash.figure("timing").data[0].y) == 0
 
 

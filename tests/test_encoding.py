@@ -20,6 +20,17 @@ def test_encode_ids_and_tokens(model):
     assert enc.table()[3] == (enc.ids[3].item(), " France")
 
 
+def test_encode_keeps_the_models_own_tokenization_by_default(model):
+    """Full-width Chinese punctuation reaches the model as typed: the same ids
+    as the model's tokenizer. NFKC (opt-in) turns ？ into ? and changes them."""
+    text = "法国的首都是哪里？"
+    own = model.tokenizer(text)["input_ids"]
+    assert labkit.encode(model, text).ids.tolist() == own
+    nfkc = labkit.encode(model, text, normalize_text=True)
+    assert nfkc.ids.tolist() == model.tokenizer("法国的首都是哪里?")["input_ids"]
+    assert nfkc.ids.tolist() != own
+
+
 def test_chinese_partial_bytes_are_shown_as_bytes(model):
     enc = labkit.encode(model, "法国的首都是")
     assert len(enc.tokens) == 10
@@ -38,7 +49,9 @@ def test_chat_template_with_system_and_turns(model):
                 {"role": "user", "content": "And at night？"}]
     enc = labkit.encode(model, messages, system="You are a concise assistant.")
     assert enc.text.index("You are a concise assistant.") < enc.text.index("What color is the sky?")
-    assert enc.text.index("Blue.") < enc.text.index("And at night?")   # full-width ？ normalised
+    assert enc.text.index("Blue.") < enc.text.index("And at night？")  # kept as typed
+    normalised = labkit.encode(model, messages, system="You are a concise assistant.", normalize_text=True)
+    assert "And at night?" in normalised.text and "？" not in normalised.text
     assert enc.text.rstrip().endswith("assistant")                      # generation prompt
     assert enc.tokens.count("<|im_start|>") == 5      # system, 3 turns, the reply
 

@@ -53,30 +53,55 @@ def test_paris_end_to_end(model):
     assert [s.index for s in gen.steps] == [0, 1, 2, 3]
     # Each step times itself only: all positive, and together no longer than the call.
     assert all(s.seconds > 0 for s in gen.steps)
-    assert gen.total_s <= wall
-    assert gen.ttft_s == gen.steps[0].seconds and gen.tpot_s > 0
+    assert sum(s.seconds for s in gen.steps) <= gen.e2e_s <= wall
+    assert gen.prefill_s == gen.steps[0].seconds <= gen.ttft_s and gen.tpot_s > 0
 
 
 def test_timing_properties():
-    """ttft_s, tpot_s, tokens_per_s and total_s on hand-made steps."""
-    def gen_with(seconds):
-        steps = [Step(i, 0, "", 1.0, s, 0, 0, "prefill" if i == 0 else "decode") for i, s in enumerate(seconds)]
-        return Generation("", [], steps=steps)
+    """TTFT, prefill time, e2e, TPOT (mean), its median and the ITL percentiles
+    on hand-made steps: each Step's at_s is when its token came out."""
+    def gen_with(at, work=None, tokenize_s=0.0):
+        work = work or [0.001] * len(at)
+        steps = [Step(i, 0, "", 1.0, w, 0, 0, "prefill" if i == 0 else "decode", at_s=t)
+                 for i, (t, w) in enumerate(zip(at, work))]
+        return Generation("", [], steps=steps, tokenize_s=tokenize_s)
 
-    g = gen_with([0.5, 0.3, 0.1, 0.2])
-    assert g.ttft_s == 0.5                       # the prefill step, not the largest or the first decode
-    assert g.tpot_s == 0.2                       # median of the decode steps 0.3, 0.1, 0.2
+    g = gen_with([0.5, 0.8, 0.9, 1.1], work=[0.45, 0.29, 0.09, 0.19], tokenize_s=0.04)
+    assert g.ttft_s == 0.5                       # from the request, not the prefill's 0.45
+    assert g.prefill_s == 0.45 and g.tokenize_s == 0.04
+    assert g.e2e_s == 1.1
+    assert g.itl_s == pytest.approx([0.3, 0.1, 0.2])
+    assert g.tpot_s == pytest.approx(0.2)        # (1.1 - 0.5) / (4 - 1)
+    assert g.tpot_median_s == pytest.approx(0.2) # the middle of 0.1, 0.2, 0.3
     assert g.tokens_per_s == pytest.approx(5.0)
-    assert g.total_s == pytest.approx(1.1)
-    g = gen_with([0.01, 0.9, 0.05, 0.06, 0.07, 0.04])
-    assert g.ttft_s == 0.01 and g.tpot_s == 0.06  # median of 0.9, 0.05, 0.06, 0.07, 0.04: robust to 0.9
-    g = gen_with([0.25, 0.125])
-    assert g.ttft_s == 0.25 and g.tpot_s == 0.125 and g.tokens_per_s == 8.0
-    one = gen_with([0.25])                       # prefill only: no decode step to time
+    # One slow gap moves the mean, not the median: 0.9, 0.05, 0.06, 0.07, 0.04.
+    g = gen_with([0.01, 0.91, 0.96, 1.02, 1.09, 1.13])
+    assert g.tpot_s == pytest.approx(1.12 / 5)
+    assert g.tpot_median_s == pytest.approx(0.06)
+    assert g.itl_percentile(50) == pytest.approx(0.06) and g.itl_percentile(90) == pytest.approx(0.9)
+    assert g.itl_percentile(0) == pytest.approx(0.04) and g.itl_percentile(100) == pytest.approx(0.9)
+    g = gen_with([0.25, 0.375])
+    assert g.ttft_s == 0.25 and g.tpot_s == pytest.approx(0.125) and g.tokens_per_s == pytest.approx(8.0)
+    one = gen_with([0.25])                       # one token: no gap to time
     assert one.ttft_s == 0.25 and one.tpot_s != one.tpot_s and one.tokens_per_s != one.tokens_per_s
+    assert one.itl_s == [] and one.tpot_median_s != one.tpot_median_s
     empty = gen_with([])
-    assert empty.ttft_s != empty.ttft_s and empty.total_s == 0
+    assert empty.ttft_s != empty.ttft_s and empty.e2e_s != empty.e2e_s
     assert "TTFT 250.0 ms" in repr(one)
+
+
+def test_ttft_counts_tokenization_and_the_prefill(model):
+    """Given text, TTFT runs from the call: tokenizing + prefill <= TTFT <= the
+    whole call, and the decode gaps add up to e2e - TTFT."""
+    t0 = time.perf_counter()
+    gen = labkit.generate(model, "The capital of France is", max_new_tokens=4, stop_at_eos=False)
+    wall = time.perf_counter() - t0
+    assert gen.tokenize_s > 0
+    assert gen.tokenize_s + gen.prefill_s <= gen.ttft_s <= gen.e2e_s <= wall
+    assert sum(gen.itl_s) == pytest.approx(gen.e2e_s - gen.ttft_s)
+    assert all(b.at_s > a.at_s for a, b in zip(gen.steps, gen.steps[1:]))
+    # Each gap holds its step's work (plus the loop's own bookkeeping).
+    assert all(gap >= s.seconds for gap, s in zip(gen.itl_s, gen.steps[1:]))
 
 
 def test_without_cache_matches_transformers(model):

@@ -112,3 +112,16 @@ def test_timing_imports_no_plotting():
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     assert not any(name.startswith(("plotly", "ipywidgets", "matplotlib")) for name in imported)
+
+
+def test_percentile_nearest_rank_by_hand():
+    """Nearest rank: the ceil(q/100 x n)-th smallest, always a measured value."""
+    values = [5, 1, 4, 2, 3, 10, 9, 8, 7, 6]          # 1..10, shuffled
+    assert timing.percentile(values, 50) == 5
+    assert timing.percentile(values, 90) == 9
+    assert timing.percentile(values, 91) == 10          # ceil(9.1) = 10th
+    assert timing.percentile(values, 0) == 1 and timing.percentile(values, 100) == 10
+    assert timing.percentile(range(1, 101), 7) == 7     # 7% of 100 is exactly the 7th, not the 8th
+    assert timing.percentile([], 50) != timing.percentile([], 50)        # NaN
+    with pytest.raises(ValueError, match="q must be"):
+        timing.percentile(values, 101)

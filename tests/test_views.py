@@ -273,8 +273,9 @@ def test_prompt_length_explorer(model):
     text = "The capital of France is Paris. " * 6
     view = views.PromptLengthExplorer(model, text, length=8)
     view.slider.value = 20
-    ttft, cache = view.figures()
-    assert sorted(view.ttft) == [8, 20] and list(ttft.data[0].x) == [8, 20]
+    prefill, cache = view.figures()
+    assert sorted(view.prefill_s) == [8, 20] and list(prefill.data[0].x) == [8, 20]
+    assert "prefill" in prefill.layout.yaxis.title.text
     gqa = cache.data[0].customdata[1]                           # bars: MHA, GQA, MQA
     assert gqa == view.cache.nbytes == 20 * view.cache.bytes_per_token
     with pytest.raises(ValueError):

@@ -114,7 +114,7 @@ sync: $(STAMP)
 # voila.json (repository root) selects share/jupyter/voila/templates/labkit:
 # Voila's lab template without its CDN stylesheets, so the page works offline.
 dashboard: $(STAMP)
-	JUPYTER_PATH=$(CURDIR)/share/jupyter $(VENV)/bin/voila $(LAB_ARGS) notebooks/09_dashboard.ipynb
+	JUPYTER_PATH=$(CURDIR)/share/jupyter $(VENV)/bin/voila $(LAB_ARGS) notebooks/11_dashboard.ipynb
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache artifacts mutants

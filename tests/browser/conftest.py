@@ -72,9 +72,9 @@ def lab_server(browser, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def voila_server(browser, tmp_path_factory):
-    """Voila serving the lecture dashboard (a copy of notebooks/09_dashboard.ipynb) at /.
+    """Voila serving the lecture dashboard (a copy of notebooks/11_dashboard.ipynb) at /.
     LABKIT_BROWSER_DASHBOARD=path serves another notebook instead."""
-    nb = Path(os.environ.get("LABKIT_BROWSER_DASHBOARD", NOTEBOOKS / "09_dashboard.ipynb"))
+    nb = Path(os.environ.get("LABKIT_BROWSER_DASHBOARD", NOTEBOOKS / "11_dashboard.ipynb"))
     if not nb.exists():
         pytest.fail(f"{nb} is missing: the lecture dashboard is part of the course", pytrace=False)
     server = start_voila(tmp_path_factory.mktemp("voila"), nb)

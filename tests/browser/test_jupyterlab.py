@@ -57,7 +57,7 @@ EXPECT: dict[str, Expect] = {
     "07_prefill_vs_decode": Expect(charts=5),
     "08_optimisations": Expect(charts=5),
     # the lecture dashboard: a step redraws all five charts
-    "09_dashboard": Expect(charts=5, controls=13, interactions=(Click("step", changes=5),)),
+    "11_dashboard": Expect(charts=5, controls=13, interactions=(Click("step", changes=5),)),
 }
 
 NAMES = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))

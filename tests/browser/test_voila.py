@@ -1,4 +1,4 @@
-"""The lecture dashboard (notebooks/09_dashboard.ipynb) as a Voila page in headless Chromium.
+"""The lecture dashboard (notebooks/11_dashboard.ipynb) as a Voila page in headless Chromium.
 
 What a lecturer sees after `make dashboard`: the controls render, "step"
 produces a token and the charts follow, no traceback anywhere on the page, and
@@ -21,8 +21,8 @@ STEPS = (Click("step", changes=MIN_CHARTS), Click("step", changes=MIN_CHARTS))
 
 @pytest.fixture(scope="session")
 def dashboard(browser, voila_server, request) -> PageReport:
-    report = run_in_voila(browser, voila_server, "09_dashboard", STEPS)
-    request.config._labkit_voila_reports = {"09_dashboard (Voila)": report}
+    report = run_in_voila(browser, voila_server, "11_dashboard", STEPS)
+    request.config._labkit_voila_reports = {"11_dashboard (Voila)": report}
     return report
 
 

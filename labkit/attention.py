@@ -20,7 +20,8 @@ each against transformers); `model.attention` picks one:
     "by_hand"  scores / sqrt(hs) -> causal mask -> softmax -> weighted sum, written
                out as in notebook 03; it also returns the probabilities, so recording
                a Trace always uses it
-    "tiled"    FlashAttention's tiles and online softmax (labkit.tiled_attention)
+    "tiled"    FlashAttention's tiles and online softmax (Dao et al. 2022;
+               labkit.tiled_attention)
 
 Left out: sliding-window attention, padding masks for batches of unequal
 length, dropout (inference only), and ALiBi or other score biases.
@@ -56,6 +57,8 @@ def causal_mask(n_queries: int, n_keys: int, start, device=None) -> torch.Tensor
 def group_query_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """Grouped-query attention without copying K and V.
 
+    GQA (Ainslie et al. 2023) is fixed when the model is trained: it has only
+    n_kv_heads key/value projections, so its cache holds n_kv_heads heads.
     Query heads j*g .. j*g+g-1 (g = n_heads // n_kv_heads) all read KV head j.
     Viewing the query heads as (kv_heads, g) and giving K and V a group axis of
     size 1 lets broadcasting share them. Multi-head attention is the case g = 1.

@@ -17,8 +17,9 @@ What it measures, all in the same process so the numbers share a machine state:
 3. Decode without a KV cache against with one, at the longest prompt.
 4. The quality cost of int8 / int4 (KL divergence, greedy agreement).
 5. On CUDA: the captured decode step (labkit.cuda_graphs.GraphDecoder).
-6. llama.cpp on the same GGUF file, when llama-cpp-python is installed
-   (a benchmark-only extra: pip install llama-cpp-python).
+6. On a CPU: llama.cpp on the same GGUF file, running its Q4_1 / Q8_0
+   weights as stored (labkit runs them de-quantised), when llama-cpp-python
+   is installed (a benchmark-only extra: pip install llama-cpp-python).
 
 Other programs on the machine make timings noisy, so the engines take turns
 within each round (labkit, transformers, labkit, ...) and the report gives
@@ -94,8 +95,8 @@ def run_labkit(model, ids: list[int], new_tokens: int, use_cache: bool = True) -
 def run_transformers(model, ids: list[int], new_tokens: int) -> EngineRun:
     """transformers' own generate on the same weights, greedy, timed at each step.
 
-    A logits processor is called once per generated token, right after that
-    token's forward pass: the gaps between calls are the decode steps."""
+    A logits processor is called once per generated token, right after the
+    forward pass that scores it: the gaps between calls are the decode steps."""
     from transformers import LogitsProcessor, LogitsProcessorList
 
     stamps: list[float] = []
@@ -183,7 +184,7 @@ def build_report(measured: dict) -> dict:
         for length, runs in sorted(e["runs"].items(), key=lambda kv: int(kv[0])):
             ttft = median(r["ttft_s"] for r in runs)
             tpot = median(r["tpot_s"] for r in runs)
-            context = int(length) + new_tokens // 2      # the median step's context
+            context = int(length) + new_tokens // 2      # the average decode step's context
             nbytes = costs.forward_bytes(e["weight_nbytes"], e["kv_bytes_per_token"], context)
             row = {"engine": name, "precision": e["precision"], "length": int(length),
                    "ttft_ms": ttft * 1e3, "tpot_ms": tpot * 1e3, "tokens_per_s": 1 / tpot,

@@ -661,7 +661,8 @@ def gqa_diagram(n_heads: int, n_kv_heads: int, head_dim: int | None = None,
 
     Query heads are a row of boxes on top, KV heads a row below; a line joins
     each query head to the KV head it reads. n_kv_heads == n_heads is plain
-    multi-head attention (MHA), n_kv_heads == 1 is multi-query (MQA).
+    multi-head attention (MHA), n_kv_heads == 1 is multi-query (MQA, Shazeer
+    2019); in between is grouped-query (GQA, Ainslie et al. 2023).
     """
     if n_heads <= 0 or n_kv_heads <= 0 or n_heads % n_kv_heads:
         raise ValueError(f"n_heads ({n_heads}) must be a positive multiple of n_kv_heads ({n_kv_heads})")
@@ -773,7 +774,7 @@ def distribution_chart(labels: Sequence[str], probs_before: Any, probs_after: An
 
     The caller passes the top N tokens sorted by `probs_before` (the plain
     softmax). `probs_after` is the distribution actually sampled from (after
-    temperature / top-k / top-p); tokens it sets to 0 are drawn grey. The
+    temperature / top-k / top-p / min-p); tokens it sets to 0 are drawn grey. The
     dotted line is the running total of `probs_before` (right axis), so one
     can read off where top-p cuts. `chosen` (an index into `labels`, or a
     label) gets a thick black outline and an arrow.
@@ -902,6 +903,9 @@ def cache_size_comparison(n_layers: int, n_heads: int, n_kv_heads: int, head_dim
 
     Size = 2 (K and V) x layers x kv_heads x head_dim x bytes_per_value x seq_len
     (x batch). The bar heights are MB; exact bytes are in `customdata`.
+    The MHA and MQA bars are what a model of the same shape would store had it
+    been trained with that many K/V heads: the number of K/V heads is fixed
+    at training time (GQA, Ainslie et al. 2023), not a switch on a loaded model.
     """
     kinds = [("MHA", n_heads), ("GQA", n_kv_heads), ("MQA", 1)]
     sizes = [kv_cache_bytes(n_layers, kv, head_dim, seq_len, bytes_per_value, batch_size) for _, kv in kinds]
@@ -921,7 +925,7 @@ def cache_size_comparison(n_layers: int, n_heads: int, n_kv_heads: int, head_dim
 
 
 # --------------------------------------------------------------------------
-# Timing: prefill (TTFT) and decode (TPOT)
+# Timing: the prefill step and the decode steps
 # --------------------------------------------------------------------------
 
 @_fits_title
@@ -1011,7 +1015,8 @@ def cache_speedup_chart(lengths: Any, with_cache_s: Any, without_cache_s: Any,
 def roofline_chart(peak_flops: float, bandwidth_bytes_per_s: float,
                    points: Sequence[dict] = (), device_name: str = "device",
                    title: str = "Roofline") -> go.Figure:
-    """Log-log roofline: attainable FLOP/s = min(peak, bandwidth x intensity).
+    """Log-log roofline (Williams, Waterman and Patterson 2009): attainable
+    FLOP/s = min(peak, bandwidth x intensity).
 
     Left of the ridge point (intensity = peak / bandwidth) a kernel is
     memory-bound, right of it compute-bound. Each point is a dict with
@@ -1176,7 +1181,9 @@ def tiles_chart(n_queries: int, n_keys: int, block_size: int, causal: bool = Tru
                 title: str = "FlashAttention's tiles") -> go.Figure:
     """The (queries x keys) score matrix cut into block_size tiles: computed in
     full, computed with the causal mask inside (on the diagonal), or skipped.
-    Only one tile's scores exist at any moment."""
+    In labkit's loop only one tile's scores exist at any moment (per batch
+    row and head); a GPU kernel works on many tiles at once, each in one
+    thread block's on-chip memory, and never writes the whole matrix to HBM."""
     offset = n_keys - n_queries
     kinds = {"computed": BLUE, "on the diagonal (masked inside)": ORANGE, "skipped (all masked)": GREY}
     shapes, hover = {k: [] for k in kinds}, {k: [] for k in kinds}

@@ -1,7 +1,7 @@
 """The lecture dashboard: one screen, everything a live demo needs, updating in place.
 
     dash = labkit.dashboard.Dashboard(model)
-    dash                      # a cell ending in it shows it; or `voila notebooks/09_dashboard.ipynb`
+    dash                      # a cell ending in it shows it; or `voila notebooks/11_dashboard.ipynb`
 
 What is on the screen (two columns of charts, side by side from 1280 pixels wide):
 
@@ -49,7 +49,9 @@ TALL = 1.5
 
 class Dashboard(View):
     """One screen for a live lecture: prompt, sampling controls, step / run / reset,
-    streaming tokens, the distribution, the attention row, cache growth, TTFT / TPOT.
+    streaming tokens, the distribution, the attention row, cache growth, and the
+    prefill time and mean decode step (not TTFT / TPOT: a lecturer's pauses
+    between clicks would count in those).
 
     model: a labkit.Model (any device); the other arguments are the starting values.
     `live` is the LiveGeneration doing the work; step(), run(n), reset() and

@@ -17,8 +17,9 @@ of a UTF-8 character as its bytes instead of mojibake (`æ`). It writes them
 is labkit's display form only, not an entry of a byte-level BPE vocabulary
 (there the byte is the stand-in character itself).
 
-Positions: the sinusoidal encoding of the original Transformer, the learned
-position vectors of GPT-2, and the RoPE rotation angles of Llama-style models.
+Positions: the sinusoidal encoding of the original Transformer (Vaswani et
+al. 2017), the learned position vectors of GPT-2, and the RoPE rotation
+angles (Su et al. 2021) of Llama-style models.
 
 Left out: tokenizer training (see minbpe), and tokenizers that are neither
 byte-level BPE nor SentencePiece-style (their pieces are shown as decoded).
@@ -204,7 +205,12 @@ def sinusoidal_positions(n_positions: int, d_model: int, base: float = 10000.0) 
 def rope_angles(positions, head_dim: int, theta: float = 10000.0) -> torch.Tensor:
     """RoPE: the angle (radians) by which each pair of a head's dimensions is
     rotated at each position, (len(positions), head_dim / 2). Pair i turns at
-    frequency theta^(-2i/head_dim): the first pairs spin fast, the last slowly."""
+    frequency theta^(-2i/head_dim): the first pairs spin fast, the last slowly.
+
+    theta: 10,000 in RoFormer and Llama 1/2; models choose their own
+    (SmolLM2-135M: 100,000; see model_rope_angles). Which two dimensions form
+    pair i is a separate convention: (i, i + head_dim/2) in Hugging Face's
+    code, as labkit.model uses, (2i, 2i + 1) in RoFormer and Meta's code."""
     positions = torch.as_tensor(positions, dtype=torch.float32)
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
     return positions[:, None] * inv_freq[None, :]

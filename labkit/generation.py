@@ -37,8 +37,9 @@ batched cache and reorders the cache as beams are kept or dropped: a
 different algorithm, so it has its own loop over the same prefill and
 decode_one_token.
 
-Left out: batches of prompts (see labkit.batching), sampling with
-speculative decoding, logit processors beyond those of labkit.sampling.
+Left out: batches of prompts (see labkit.batching), speculative decoding
+(labkit.speculative, which feeds a Decoder), logit processors beyond those
+of labkit.sampling.
 """
 
 from __future__ import annotations
@@ -403,7 +404,9 @@ def beam_search(model, prompt, max_new_tokens: int = 32, num_beams: int = 4, *, 
     num_beams candidates, sets aside those that end in EOS as finished
     hypotheses, and continues with the best num_beams others. The cache holds
     one row per beam (num_beams x a greedy run's bytes) and is reordered every
-    step so that its rows follow the beams that were kept. on_token gets the
+    step so that its rows follow the beams that were kept; here that copies
+    the whole cache each step, where a paged cache (vLLM) shares the common
+    prefix's blocks between beams and copies only on write. on_token gets the
     whole text once, at the end (the best beam is known only then).
     """
     if not isinstance(num_beams, int) or num_beams < 1:

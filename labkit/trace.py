@@ -74,7 +74,9 @@ class Trace:
 @torch.inference_mode()
 def logit_lens(model, trace: Trace, k: int = 1):
     """What each layer would predict if the model stopped there: the final norm
-    and LM head applied to every recorded hidden state.
+    and LM head applied to every recorded hidden state (the "logit lens",
+    nostalgebraist 2020). Early layers were not trained to be read this way,
+    so their guesses are a rough view, not what the model "thinks".
 
     Returns (top_ids, top_probs), each (layers + 1, T, k); row 0 is the embeddings.
     """

@@ -133,7 +133,7 @@ class PositionExplorer(View):
         style = slider_style()
         self.position = widgets.IntSlider(value=position, min=0, max=n_positions - 1, description="position",
                                           style=style)
-        self.pair = widgets.IntSlider(value=pair, min=0, max=d_model // 2 - 1, description="pair i (dims 2i, 2i+1)",
+        self.pair = widgets.IntSlider(value=pair, min=0, max=d_model // 2 - 1, description="frequency pair i",
                                       style=style)
         self.info = widgets.HTML()
         sin_fig, rope_fig = self._figures()
@@ -163,7 +163,7 @@ class PositionExplorer(View):
             f"position <b>{p}</b>, pair <b>{i}</b>: ω = 10000<sup>-2·{i}/{d}</sup> = {omega:.4g} rad/position; "
             f"sinusoidal PE[{p}, {2 * i}] = sin({p}ω) = {float(self.pe[p, 2 * i]):.3f}, "
             f"PE[{p}, {2 * i + 1}] = cos({p}ω) = {float(self.pe[p, 2 * i + 1]):.3f}; "
-            f"RoPE ({self.source}) turns pair {k} by {angle:.3f} rad = {angle / (2 * math.pi):.3f} turns, "
+            f"RoPE ({self.source}; Hugging Face's pairing: dims i and i + head size/2) turns pair {k} by {angle:.3f} rad = {angle / (2 * math.pi):.3f} turns, "
             f"ω = {float(self.angles[1, k]) if self.angles.shape[0] > 1 else float('nan'):.4g} rad/position")
         return sin_fig, rope_fig
 
@@ -297,7 +297,7 @@ class SamplingExplorer(View):
             # The filters see the logits after temperature, so top-p counts this mass, not the bars'.
             scaled_all = (self.logits.float() / t).softmax(-1)
             scaled = scaled_all[self.top_ids]
-            summary += f" ({float(scaled_all[kept].sum()):.3f} after temperature {t:g}, the mass top-p and min-p see)"
+            summary += f" ({float(scaled_all[kept].sum()):.3f} after temperature {t:g}, the mass top-p counts; min-p compares each token with the most likely one)"
         self.summary.value = summary
         top = self.top_ids.tolist()
         chosen = top.index(self.chosen) if self.chosen in top else None
@@ -378,6 +378,8 @@ class LiveGeneration(View):
 
     def _new_state(self) -> None:
         # record=True: every Step keeps its query's attention row, for the attention chart.
+        # Recording attends by hand, so the step times shown here are those of
+        # that path, somewhat slower than generate's (SDPA, nothing recorded).
         self.decoder = Decoder(self.model, self.prompt_encoding, self.max_new_tokens,
                                SamplingParams(seed=self.seed), record=True)
         self.cache = self.decoder.cache

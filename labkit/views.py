@@ -118,12 +118,14 @@ class PositionExplorer(View):
     2i+1) writes sin(pω_i), cos(pω_i) into the vector; RoPE rotates a query/key
     pair by the angle pω_i. With a Llama-style model the RoPE angles are the
     model's own: its base (rope_theta, 100,000 for SmolLM2) and head size, and
-    its pairs are dimensions (i, i + head_size/2).
+    its pairs are dimensions (i, i + head_size/2). rope=False shows the
+    sinusoidal table alone (notebook 02, before queries and keys exist).
     """
 
     def __init__(self, model=None, n_positions: int = 64, d_model: int = 64, position: int = 5, pair: int = 2,
-                 figure_mode: str | None = None):
+                 rope: bool = True, figure_mode: str | None = None):
         super().__init__(figure_mode=figure_mode)
+        self.rope = rope
         self.pe = sinusoidal_positions(n_positions, d_model)                  # (P, d)
         positions = torch.arange(n_positions)
         if model is not None and model.config.family == "llama":
@@ -138,11 +140,12 @@ class PositionExplorer(View):
         self.info = widgets.HTML()
         sin_fig, rope_fig = self._figures()
         self.add_box("sinusoidal", sin_fig)
-        self.add_box("rope", rope_fig)
+        if rope:
+            self.add_box("rope", rope_fig)
         for w in (self.position, self.pair):
             w.observe(lambda _: self._redraw_later(self._redraw), names="value")
-        self.widget = widgets.VBox([widgets.HBox([self.position, self.pair]), self.info, self.error,
-                                    self.boxes["sinusoidal"].widget, self.boxes["rope"].widget])
+        self.widget = widgets.VBox([widgets.HBox([self.position, self.pair]), self.info, self.error]
+                                   + [box.widget for box in self.boxes.values()])
 
     def _figures(self) -> tuple[go.Figure, go.Figure]:
         p, i = self.position.value, self.pair.value
@@ -162,15 +165,19 @@ class PositionExplorer(View):
         self.info.value = (
             f"position <b>{p}</b>, pair <b>{i}</b>: ω = 10000<sup>-2·{i}/{d}</sup> = {omega:.4g} rad/position; "
             f"sinusoidal PE[{p}, {2 * i}] = sin({p}ω) = {float(self.pe[p, 2 * i]):.3f}, "
-            f"PE[{p}, {2 * i + 1}] = cos({p}ω) = {float(self.pe[p, 2 * i + 1]):.3f}; "
-            f"RoPE ({self.source}; Hugging Face's pairing: dims i and i + head size/2) turns pair {k} by {angle:.3f} rad = {angle / (2 * math.pi):.3f} turns, "
-            f"ω = {float(self.angles[1, k]) if self.angles.shape[0] > 1 else float('nan'):.4g} rad/position")
+            f"PE[{p}, {2 * i + 1}] = cos({p}ω) = {float(self.pe[p, 2 * i + 1]):.3f}")
+        if self.rope:
+            self.info.value += (
+                f"; RoPE ({self.source}; Hugging Face's pairing: dims i and i + head size/2) turns pair {k} "
+                f"by {angle:.3f} rad = {angle / (2 * math.pi):.3f} turns, "
+                f"ω = {float(self.angles[1, k]) if self.angles.shape[0] > 1 else float('nan'):.4g} rad/position")
         return sin_fig, rope_fig
 
     def _redraw(self) -> None:
         sin_fig, rope_fig = self._figures()
         self.boxes["sinusoidal"].update(sin_fig)
-        self.boxes["rope"].update(rope_fig)
+        if self.rope:
+            self.boxes["rope"].update(rope_fig)
 
 
 # ----------------------------------------------------------------------------

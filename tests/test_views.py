@@ -269,6 +269,16 @@ def test_position_explorer_marks_the_chosen_pair(model):
     assert marker.x[0] == 9 and marker.y[0] == pytest.approx(expected)
 
 
+def test_position_explorer_without_rope_shows_the_table_alone(model):
+    view = views.PositionExplorer(model, n_positions=32, d_model=16, rope=False)
+    assert list(view.boxes) == ["sinusoidal"] and "RoPE" not in view.info.value
+    view.position.value, view.pair.value = 4, 1
+    (sin_fig,) = view.figures()
+    box = sin_fig.layout.shapes[-1]
+    assert (box.x0, box.x1, box.y0, box.y1) == (1.5, 3.5, 3.5, 4.5)
+    assert "PE[4, 2] = sin(4ω)" in view.info.value
+
+
 def test_prompt_length_explorer(model):
     text = "The capital of France is Paris. " * 6
     view = views.PromptLengthExplorer(model, text, length=8)

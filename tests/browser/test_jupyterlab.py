@@ -44,10 +44,12 @@ EXPECT: dict[str, Expect] = {
     "00_overview": Expect(charts=7, controls=10, interactions=(Click("step", changes=4),)),
     # TokenizerView: typing redraws the token strip and the table
     "01_tokenization": Expect(charts=6, controls=2, interactions=(Type("text", " Berlin", changes=2),)),
-    # PositionExplorer: the position moves the marks on both charts
-    "02_embeddings_positions": Expect(charts=8, controls=2, interactions=(Slide("position", changes=2),)),
+    # PositionExplorer(rope=False): the position moves the mark on the sinusoidal table
+    "02_embeddings_positions": Expect(charts=4, controls=2, interactions=(Slide("position", changes=1),)),
+    # PositionExplorer (RoPE is taught here): the position moves the marks on both charts;
     # AttentionExplorer: the layer redraws the head pattern and the grid; the head, the pattern
-    "03_attention": Expect(charts=8, controls=2, interactions=(Slide("layer", changes=2), Slide("head"))),
+    "03_attention": Expect(charts=13, controls=4, interactions=(Slide("position", changes=2),
+                                                               Slide("layer", changes=2), Slide("head"))),
     "04_forward_pass": Expect(charts=2),
     # SamplingExplorer: temperature re-filters the distribution; sample marks a bar
     "05_sampling": Expect(charts=9, controls=16, interactions=(Slide("temperature"), Click("sample"))),

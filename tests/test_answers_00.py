@@ -1,0 +1,63 @@
+"""The numbers in docs/answers/00_overview.md, recomputed from the model.
+
+Each `**Answer N:**` line of the key is parsed and checked against an
+independent computation, so that the key cannot silently go wrong when the
+model, labkit or the notebook changes.
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+
+import labkit
+from labkit import costs
+
+KEY = Path(__file__).resolve().parents[1] / "docs" / "answers" / "00_overview.md"
+
+
+def answer(n: int) -> str:
+    """The text after `**Answer n:**` in the key."""
+    found = re.search(rf"^\*\*Answer {n}:\*\*(.*)$", KEY.read_text(encoding="utf-8"), re.M)
+    assert found, f"no '**Answer {n}:**' line in {KEY}"
+    return found.group(1).strip()
+
+
+def numbers(text: str) -> list[float]:
+    return [float(x.replace(",", "")) for x in re.findall(r"\d[\d,]*\.?\d*", text)]
+
+
+def next_token_probs(model, prompt):
+    return model.forward(labkit.encode(model, prompt).ids)[-1].softmax(-1)
+
+
+def test_answer_1_germany(model):
+    probs = next_token_probs(model, "The capital of Germany is")
+    best = int(probs.argmax())
+    stated_token = re.search(r'"([^"]*)"', answer(1)).group(1)
+    assert labkit.token_strings(model.tokenizer, [best]) == [stated_token]
+    assert numbers(answer(1))[-1] == pytest.approx(probs[best].item(), abs=0.0015)
+
+
+def test_answer_2_top10_mass(model):
+    stated = numbers(answer(2))
+    france = next_token_probs(model, "The capital of France is").topk(10).values.sum().item()
+    food = next_token_probs(model, "My favourite food is").topk(10).values.sum().item()
+    assert stated[0] == 10                                     # "top 10"
+    assert stated[1] == pytest.approx(france, abs=0.0015)
+    assert stated[2] == pytest.approx(food, abs=0.0015)
+
+
+def test_answer_3_top_p_half(model):
+    logits = model.forward(labkit.encode(model, "The capital of France is").ids)[-1]
+    draws = [labkit.sample(logits, method="top_p", top_p=0.5, seed=s)[0] for s in range(10)]
+    count = labkit.token_strings(model.tokenizer, draws).count(" Paris")
+    assert numbers(answer(3))[-2:] == [count, 10]
+
+
+def test_answer_4_cache_share(model):
+    n_positions = 5 + 64                                      # the prompt and 64 new tokens
+    share = n_positions * costs.kv_bytes_per_token(model.config, 4) / model.weight_nbytes
+    stated = numbers(answer(4))
+    assert stated[0] == n_positions
+    assert stated[1] == pytest.approx(100 * share, abs=0.05)

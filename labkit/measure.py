@@ -11,8 +11,10 @@ on a GPU and reports the median of a few repeats) and carries the label of
 what it was measured on, so that a printed number never travels without its
 machine.
 
-Timings differ between machines and between runs: print and plot them, never
-assert on their values. What does hold everywhere (the same tokens with and
+Timings differ between machines and between runs: print and plot them; tests
+never assert on their values, and a notebook asserts a claim that only a
+timing can show with a wide margin, stated beside it (the fastest repeat,
+kept beside the median, is the steadier figure on a busy machine). What does hold everywhere (the same tokens with and
 without the cache, the shapes, which phase moves more bytes) is what tests and
 notebooks check.
 
@@ -20,14 +22,21 @@ What is here:
 
     LONG_TEXT, long_prompt_ids                 a prompt of any length
     cache_speedup                              next-token time with / without the KV cache
-    time_generation                            a whole generation, with / without the cache
-    ttft_sweep                                 prefill latency (TTFT) against prompt length
+    time_generation                            a whole generation, with / without the cache:
+                                               TTFT (from the request), prefill time, TPOT, e2e
+    prefill_sweep                              prefill time against prompt length
+                                               (ttft_sweep: the old name, kept)
     batch_sweep                                prefill and decode cost as the batch grows
     roofline_point                             a measured workload as a roofline point
 
+Names kept apart (labkit.generation defines them): the *prefill time* is one
+forward pass over the prompt (what prefill_sweep and batch_sweep time, ids
+already on the device); *TTFT* counts from the request, so it also holds the
+tokenization and the set-up (and, in a server, the queue: labkit.batching).
+
 The clock, the device labels and the roofs (read_bandwidth,
 matmul_flops_per_s) are in labkit.timing; FLOPs and bytes in labkit.costs;
-the charts of the sweeps (charts.ttft_chart, charts.batch_chart) in labkit.charts.
+the charts of the sweeps (charts.prefill_chart, charts.batch_chart) in labkit.charts.
 
 Left out: CUDA events and profilers, and any tuning of the machine (see labkit.timing).
 """
@@ -135,7 +144,16 @@ def cache_speedup(model, ids, lengths: Sequence[int], repeats: int = 3,
 
 @dataclass
 class GenerationTiming:
-    """A generation timed end to end (medians over repeats); `gen` is the last run."""
+    """A generation timed end to end; each figure is the median over the timed
+    repeats of that figure of each run (labkit.generation's definitions);
+    `gen` is the last run.
+
+    total_s:   the whole generate() call, timed from outside (about e2e_s)
+    e2e_s:     end-to-end, request -> last token
+    ttft_s:    time to first token, from the request (tokenization included)
+    prefill_s: the prefill step alone
+    tpot_s:    time per output token, the mean (e2e - TTFT) / (N - 1)
+    """
 
     use_cache: bool
     total_s: float
@@ -143,6 +161,8 @@ class GenerationTiming:
     tpot_s: float
     gen: Generation
     device: str
+    e2e_s: float = float("nan")
+    prefill_s: float = float("nan")
 
     @property
     def token_ids(self) -> list[int]:
@@ -173,16 +193,22 @@ def time_generation(model, prompt, max_new_tokens: int, use_cache: bool = True, 
     total, _ = time_fn(run, model.device, max(1, repeats), warmup)
     timed = gens[-len(total.samples):]
     return GenerationTiming(use_cache, total.median, median(g.ttft_s for g in timed),
-                            median(g.tpot_s for g in timed), gens[-1], device_label(model))
+                            median(g.tpot_s for g in timed), gens[-1], device_label(model),
+                            median(g.e2e_s for g in timed), median(g.prefill_s for g in timed))
 
 
 # ----------------------------------------------------------------------------
-# Prefill against prompt length (TTFT)
+# Prefill time against prompt length
 # ----------------------------------------------------------------------------
 
 @dataclass
-class TTFTSweep:
-    """Prefill latency (time to first token) and KV cache size per prompt length."""
+class PrefillSweep:
+    """Prefill time and KV cache size per prompt length.
+
+    The prefill time is one forward pass over the first n tokens (ids already
+    on the device, the cache already allocated): usually the largest part of TTFT,
+    but not all of it (no tokenization, no set-up, no queue).
+    """
 
     lengths: list[int]
     seconds: list[float]           # medians
@@ -190,6 +216,7 @@ class TTFTSweep:
     flops: list[float]             # FLOPs of each prefill (labkit.costs)
     device: str
     repeats: int
+    min_seconds: list[float] | None = None   # the fastest repeat of each (what the machine can reach)
 
     @property
     def ms_per_token(self) -> list[float]:
@@ -200,20 +227,27 @@ class TTFTSweep:
         return [f / s for f, s in zip(self.flops, self.seconds)]
 
 
-def ttft_sweep(model, ids, lengths: Sequence[int], repeats: int = 3, warmup: int | None = None) -> TTFTSweep:
+TTFTSweep = PrefillSweep     # the old name: it timed the prefill, which is not the whole TTFT
+
+
+def prefill_sweep(model, ids, lengths: Sequence[int], repeats: int = 3, warmup: int | None = None) -> PrefillSweep:
     """Time the prefill of the first n tokens of `ids` for each n in lengths."""
     ids = _on_device(model, ids).flatten()
     if any(not 1 <= n <= len(ids) for n in lengths):
         raise ValueError(f"lengths must be in [1, {len(ids)}] (the prompt's tokens), got {list(lengths)}")
-    seconds, nbytes, flops = [], [], []
+    seconds, fastest, nbytes, flops = [], [], [], []
     for n in lengths:
         cache = model.new_cache(max_len=n)
         t, _ = time_fn(lambda: model.forward(ids[:n], cache=cache), model.device, repeats, warmup,
                        setup=cache.reset)
         seconds.append(t.median)
+        fastest.append(t.min)
         nbytes.append(cache.nbytes)
         flops.append(costs.prefill_workload(model, n).flops)
-    return TTFTSweep(list(lengths), seconds, nbytes, flops, device_label(model), repeats)
+    return PrefillSweep(list(lengths), seconds, nbytes, flops, device_label(model), repeats, fastest)
+
+
+ttft_sweep = prefill_sweep   # the old name, kept for code written against it
 
 
 # ----------------------------------------------------------------------------
@@ -237,6 +271,8 @@ class BatchSweep:
     decode_kv_bytes: list[float]    # of which KV cache
     device: str
     repeats: int
+    prefill_min_s: list[float] | None = None   # the fastest repeat of each: other programs only slow a
+    decode_min_s: list[float] | None = None    # run down, so these are steadier than medians on a busy machine
 
     @property
     def prefill_ms_per_token(self) -> list[float]:
@@ -244,7 +280,13 @@ class BatchSweep:
 
     @property
     def decode_tokens_per_s(self) -> list[float]:
+        """Decode throughput from the median step times."""
         return [b / s for b, s in zip(self.batch_sizes, self.decode_s)]
+
+    @property
+    def decode_tokens_per_s_best(self) -> list[float]:
+        """Decode throughput from the fastest step times."""
+        return [b / s for b, s in zip(self.batch_sizes, self.decode_min_s)]
 
     @property
     def kv_fraction(self) -> list[float]:
@@ -267,13 +309,14 @@ def batch_sweep(model, batch_sizes: Sequence[int], prompt_len: int = 64, context
         raise ValueError(f"context must be in [1, {c.max_len - 1}], got {context}")
     g = torch.Generator().manual_seed(seed)
     value_bytes = costs.bytes_per_value(model.dtype)
-    prefill_s, decode_s, total_bytes, kv_bytes = [], [], [], []
+    prefill_s, decode_s, prefill_min, decode_min, total_bytes, kv_bytes = [], [], [], [], [], []
     for b in batch_sizes:
         ids = torch.randint(0, c.vocab_size, (b, prompt_len), generator=g).to(model.device)
         cache = model.new_cache(max_len=prompt_len, batch_size=b)
         t, _ = time_fn(lambda: model.forward(ids, cache=cache), model.device, repeats, warmup,
                        setup=cache.reset)
         prefill_s.append(t.median)
+        prefill_min.append(t.min)
         del cache
 
         cache = model.new_cache(max_len=context + 1, batch_size=b)
@@ -284,12 +327,13 @@ def batch_sweep(model, batch_sizes: Sequence[int], prompt_len: int = 64, context
         t, _ = time_fn(lambda: model.forward(last, cache=cache), model.device, repeats, warmup,
                        setup=lambda: cache.truncate(context))
         decode_s.append(t.median)
+        decode_min.append(t.min)
         del cache
         work = costs.decode_workload(model, context, batch_size=b)
         total_bytes.append(work.bytes)
         kv_bytes.append(costs.kv_bytes_per_token(c, value_bytes, batch_size=b) * (context + 1))
     return BatchSweep(list(batch_sizes), prompt_len, context, prefill_s, decode_s, total_bytes, kv_bytes,
-                      device_label(model), repeats)
+                      device_label(model), repeats, prefill_min, decode_min)
 
 
 # ----------------------------------------------------------------------------

@@ -159,3 +159,104 @@ def test_p90_in_the_summary_is_the_latencies_nearest_rank(busy):
     # A percentile is one of the values, so it is equal, not close.
     assert r.summary()["p90_latency_s"] == nearest_rank(latencies, 90)
     assert r.percentile(100) == max(latencies) and r.percentile(0) == min(latencies)
+
+
+# --- the serving metrics: TTFT from arrival (queueing included), TPOT, ITL, goodput --
+
+@pytest.fixture(scope="module")
+def three():
+    """Two requests arriving together, a third 50 ms later that finds both slots taken.
+    Worked by hand with CostModel(): step = 20 ms + 2 ms x decoding + 0.5 ms x prompt tokens."""
+    reqs = [B.Request(0, 0.0, prompt_len=100, output_len=5), B.Request(1, 0.0, prompt_len=20, output_len=3),
+            B.Request(2, 0.05, prompt_len=40, output_len=4)]
+    return B.simulate(reqs, "continuous", max_batch=2, cost=B.CostModel())
+
+
+def test_metrics_worked_by_hand(three):
+    r0, r1, r2 = three.records
+    # Step 1 prefills both prompts (120 tokens, nobody decoding): 20 + 60 = 80 ms.
+    assert r0.ttft_s == r1.ttft_s == pytest.approx(0.080) and r0.queue_s == r1.queue_s == 0
+    # Steps 2 and 3 decode both (24 ms each); request 1 (3 tokens) is done at 128 ms.
+    assert r1.itl_s == pytest.approx([0.024, 0.024]) and r1.e2e_s == pytest.approx(0.128)
+    # Request 2 waited from 50 ms to 128 ms, then its 40-token prefill ran beside request 0's
+    # decode: 20 + 2 + 20 = 42 ms. Its TTFT counts the wait: 78 + 42 = 120 ms.
+    assert r2.queue_s == pytest.approx(0.078) and r2.prefill_step_s == pytest.approx(0.042)
+    assert r2.ttft_s == pytest.approx(0.120)
+    # ... and request 0, decoding in that step, waited for the newcomer's prefill.
+    assert r0.itl_s == pytest.approx([0.024, 0.024, 0.042, 0.024])
+    assert r0.tpot_s == pytest.approx((0.024 * 3 + 0.042) / 4)
+    assert r2.itl_s == pytest.approx([0.024, 0.022, 0.022])     # the last two steps decode it alone
+
+
+@pytest.mark.parametrize("policy", ["static", "continuous"])
+def test_metric_identities(busy, policy):
+    r = B.simulate(busy, policy, max_batch=4)
+    for rec in r.records:
+        n = rec.request.output_len
+        assert rec.ttft_s == pytest.approx(rec.queue_s + rec.prefill_step_s)
+        assert rec.ttft_s == rec.first_token_s - rec.request.arrival_s     # from the arrival
+        assert rec.e2e_s == rec.latency_s == rec.finish_s - rec.request.arrival_s
+        assert len(rec.token_s) == n and rec.token_s[0] == rec.first_token_s and rec.token_s[-1] == rec.finish_s
+        assert len(rec.itl_s) == n - 1
+        if n > 1:
+            assert rec.tpot_s == pytest.approx(sum(rec.itl_s) / (n - 1))
+            assert rec.e2e_s == pytest.approx(rec.ttft_s + (n - 1) * rec.tpot_s)
+    assert len(r.itls()) == r.tokens - len(r.records)
+    assert r.summary()["p99_itl_s"] == B.percentile(r.itls(), 99)
+    assert r.summary()["p90_ttft_s"] == B.percentile(r.ttfts(), 90)
+    assert r.mean_tpot_s == pytest.approx(sum(r.tpots()) / len(r.tpots()))
+
+
+def test_ttft_includes_the_queue():
+    """A request arriving at a busy static engine waits for the whole batch: its TTFT holds that wait."""
+    reqs = [B.Request(0, 0.0, 10, 50), B.Request(1, 0.001, 10, 2)]
+    r = B.simulate(reqs, "static", max_batch=4)
+    first, late = r.records
+    assert late.start_s == first.finish_s
+    assert late.ttft_s > late.queue_s >= first.finish_s - 0.001 > 1.0
+    assert late.ttft_s == pytest.approx(late.queue_s + B.CostModel().step_s(0, 10))
+
+
+def test_one_token_answer_has_no_tpot():
+    r = B.simulate([B.Request(0, 0.0, 8, 1)], "continuous")
+    rec = r.records[0]
+    assert rec.itl_s == [] and rec.tpot_s != rec.tpot_s and r.tpots() == []
+    assert rec.e2e_s == rec.ttft_s
+    assert r.goodput(1.0, 1e-9) == pytest.approx(1 / r.makespan_s)   # nothing to miss on TPOT
+
+
+def test_goodput_counts_only_requests_within_both_targets(three):
+    span = three.makespan_s
+    assert three.goodput(10, 10) == pytest.approx(3 / span) == pytest.approx(three.request_throughput)
+    assert three.goodput(0.1, 10) == pytest.approx(2 / span)          # request 2's TTFT is 120 ms
+    assert three.goodput(10, 0.025) == pytest.approx(2 / span)        # request 0's TPOT is 28.5 ms
+    assert three.goodput(0.1, 0.025) == pytest.approx(1 / span)
+    for bad in ((0, 1), (1, -1)):
+        with pytest.raises(ValueError, match="slo"):
+            three.goodput(*bad)
+
+
+def test_continuous_batching_stalls_decode_behind_prefills(busy):
+    """Static batching's gaps are plain decode steps; continuous batching puts newcomers'
+    prefills into others' decode steps, so its ITL tail is longer."""
+    cost = B.CostModel()
+    res = B.compare(busy, max_batch=4, cost=cost)
+    assert max(res["static"].itls()) <= cost.step_s(4) + 1e-12
+    assert max(res["continuous"].itls()) > cost.step_s(4) + cost.prefill_per_token_s * 16
+
+
+def test_percentile_is_timing_percentile():
+    from labkit import timing
+    assert B.percentile is timing.percentile
+    assert B.percentile(range(1, 11), 90) == 9 and B.percentile([], 50) != B.percentile([], 50)
+    with pytest.raises(ValueError):
+        B.percentile([1, 2], 101)
+
+
+def test_more_bad_arguments():
+    with pytest.raises(ValueError, match="requests"):
+        B.simulate([], "static")
+    with pytest.raises(ValueError, match="rate_per_s"):
+        B.make_requests(3, rate_per_s=0)
+    with pytest.raises(ValueError, match="batch"):
+        B.CostModel().step_s(-1)

@@ -105,3 +105,56 @@ def test_default_model_workloads(manual):
     # The module's claim, ~2 FLOPs per 4-byte weight: measured 0.508 FLOP/byte at 100 cached tokens.
     assert 0.45 < dec.intensity < 0.55 and dec.intensity == dec.flops / dec.bytes
     assert costs.prefill_workload(model, 512).intensity > 100 * dec.intensity
+
+
+# --- when a prefill turns compute-bound -------------------------------------------
+
+def test_crossover_formula_and_datasheets():
+    # Weights only: 2T FLOPs per weight over b bytes per weight reaches the ridge at T = ridge x b / 2.
+    assert costs.crossover_tokens(300.0, 2) == 300.0 and costs.crossover_tokens(3.0, 4) == 6.0
+    # H100 SXM datasheet: 1,979 TFLOP/s bf16 with 2:4 sparsity (989.4 dense), 3.35 TB/s HBM3.
+    assert costs.H100_SXM.ridge == pytest.approx(1979e12 / 2 / 3.35e12, rel=1e-3)
+    assert 295 < costs.crossover_tokens(costs.H100_SXM.ridge, 2) < 296
+    # H200: the same compute, 4.8 TB/s HBM3e, so a lower ridge.
+    assert costs.H200_SXM.peak_flops == costs.H100_SXM.peak_flops
+    assert costs.H200_SXM.ridge == pytest.approx(989.4e12 / 4.8e12)
+    for bad in ((0, 2), (3, 0)):
+        with pytest.raises(ValueError):
+            costs.crossover_tokens(*bad)
+    with pytest.raises(ValueError, match="bandwidth"):
+        costs.ridge_point(1e12, 0)
+
+
+def test_prefill_intensity_is_the_workloads(model):
+    c, kv = model.config, costs.kv_bytes_per_token(model.config, 4)
+    for n in (1, 7, 300):
+        assert costs.prefill_intensity(c, n, model.weight_nbytes, kv) == \
+            pytest.approx(costs.prefill_workload(model, n).intensity, rel=1e-12)
+    assert costs.prefill_intensity(c, 8, model.weight_nbytes, kv, batch_size=4) == \
+        pytest.approx(costs.prefill_workload(model, 8, batch_size=4).intensity, rel=1e-12)
+
+
+@pytest.mark.parametrize("ridge", [1.5, 3.0, 50.0, 295.3])
+def test_prefill_crossover_is_the_first_length_past_the_ridge(model, ridge):
+    c, kv = model.config, costs.kv_bytes_per_token(model.config, 4)
+    n = costs.prefill_crossover_tokens(c, ridge, model.weight_nbytes, kv)
+    assert costs.prefill_intensity(c, n, model.weight_nbytes, kv) >= ridge
+    assert n == 1 or costs.prefill_intensity(c, n - 1, model.weight_nbytes, kv) < ridge
+    # Above the formula's weights-only estimate: the LM head (21% of the weights) is read in full
+    # but multiplies the last position only, and the KV bytes add a little.
+    approx = costs.crossover_tokens(ridge, 4)
+    assert approx <= n <= 1.5 * approx + 1
+    # Four prompts in one pass share the weight reads: each needs about a quarter of the tokens
+    # (a little more: each sequence's KV bytes are its own).
+    n4 = costs.prefill_crossover_tokens(c, ridge, model.weight_nbytes, kv, batch_size=4)
+    assert 0.8 * n / 4 - 1 <= n4 <= 1.2 * n / 4 + 1
+
+
+def test_prefill_crossover_out_of_reach_and_bad_input(model):
+    c, kv = model.config, costs.kv_bytes_per_token(model.config, 4)
+    assert costs.prefill_crossover_tokens(c, 1e6, model.weight_nbytes, kv) is None
+    assert costs.prefill_crossover_tokens(c, 0.1, model.weight_nbytes, kv) == 1   # even one token passes
+    with pytest.raises(ValueError, match="ridge"):
+        costs.prefill_crossover_tokens(c, 0, model.weight_nbytes, kv)
+    with pytest.raises(ValueError, match="batch_size"):
+        costs.prefill_crossover_tokens(c, 3, model.weight_nbytes, kv, batch_size=0)

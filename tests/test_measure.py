@@ -81,6 +81,21 @@ def test_cache_speedup_structure(tiny):
 
 # --- prefill and batch sweeps ---------------------------------------------------
 
+def test_prefill_sweep_keeps_the_fastest_run_and_the_old_name(tiny):
+    s = measure.prefill_sweep(tiny, torch.arange(3, 40), [1, 8], repeats=3)
+    assert len(s.min_seconds) == 2 and all(0 < m <= t for m, t in zip(s.min_seconds, s.seconds))
+    # The old names still work: they time the prefill (TTFT also counts tokenization and set-up).
+    assert measure.ttft_sweep is measure.prefill_sweep and measure.TTFTSweep is measure.PrefillSweep
+
+
+def test_generation_timing_keeps_the_names_apart(model):
+    t = measure.time_generation(model, "The capital of France is", 4)
+    g = t.gen
+    assert t.ttft_s == g.ttft_s and t.prefill_s == g.prefill_s and t.e2e_s == g.e2e_s and t.tpot_s == g.tpot_s
+    assert t.ttft_s >= g.tokenize_s + t.prefill_s and t.e2e_s > t.ttft_s
+    assert t.total_s >= t.e2e_s                                 # the whole call, timed from outside
+
+
 def test_ttft_sweep(tiny):
     s = measure.ttft_sweep(tiny, torch.arange(3, 40), [1, 8, 32], repeats=1)
     assert s.cache_nbytes == [n * TINY_KV for n in (1, 8, 32)]
@@ -88,7 +103,7 @@ def test_ttft_sweep(tiny):
     assert s.flops_per_s == [f / t for f, t in zip(s.flops, s.seconds)]
     assert len(s.seconds) == len(s.ms_per_token) == len(s.flops_per_s) == 3
     assert "cpu" in s.device
-    fig = charts.ttft_chart(s)
+    fig = charts.prefill_chart(s)
     assert list(fig.data[0].x) == [1, 8, 32] and s.device in fig.layout.title.text
 
 
@@ -103,6 +118,9 @@ def test_batch_sweep(tiny):
     assert s.decode_bytes == [weights + b * kv for b in (1, 2, 4)]
     assert s.kv_fraction == pytest.approx([b * kv / (weights + b * kv) for b in (1, 2, 4)], rel=1e-12)
     assert s.device == timing.device_label(tiny)
+    # The fastest step of each batch size, and the throughput it gives.
+    assert all(0 < m <= t for m, t in zip(s.decode_min_s + s.prefill_min_s, s.decode_s + s.prefill_s))
+    assert s.decode_tokens_per_s_best == [b / m for b, m in zip((1, 2, 4), s.decode_min_s)]
     fig = charts.batch_chart(s)
     assert list(fig.data[1].x) == ["1", "2", "4"] and s.device in fig.layout.title.text
     with pytest.raises(ValueError):

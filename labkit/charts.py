@@ -24,7 +24,8 @@ What is here, in the order the data flows through a model, then the course:
                  at a time), batch_chart (batch_sweep)
     optimising   precision_chart (labkit.precision), tiles_chart (tiled attention),
                  rounds_chart (speculative decoding)
-    batching     timeline_chart, summary_chart (labkit.batching.compare)
+    batching     timeline_chart, summary_chart (labkit.batching.compare), load_chart (a load sweep)
+    latency      itl_chart (the gaps between tokens, with mean and percentiles)
     theme/save   lecture_theme, save_html
 
 Conventions:
@@ -1312,11 +1313,12 @@ def timeline_chart(results: dict[str, BatchingResult] | list[BatchingResult],
 @_fits_title
 def summary_chart(results: dict[str, BatchingResult] | list[BatchingResult],
                   title: str = "Static vs continuous batching") -> go.Figure:
-    """Side-by-side bars: throughput, mean and p90 latency, slot utilisation."""
+    """Side-by-side bars: throughput, p90 TTFT (from arrival, queueing
+    included), p90 end-to-end latency, slot utilisation."""
     results = list(results.values()) if isinstance(results, dict) else list(results)
     panels = [("throughput (tokens/s)", lambda r: r.throughput),
-              ("mean latency (s)", lambda r: r.mean_latency_s),
-              ("p90 latency (s)", lambda r: r.percentile(90)),
+              ("p90 TTFT (s)", lambda r: r.percentile(90, r.ttfts())),
+              ("p90 e2e latency (s)", lambda r: r.percentile(90)),
               ("slot utilisation (%)", lambda r: 100 * r.slot_utilisation)]
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[0] for p in panels], horizontal_spacing=0.08)
     colours = {"static": ORANGE, "continuous": BLUE}
@@ -1328,6 +1330,70 @@ def summary_chart(results: dict[str, BatchingResult] | list[BatchingResult],
                              hovertemplate=f"%{{x}}<br>{name}: %{{y:.3g}}<extra></extra>"), row=1, col=col)
         fig.update_yaxes(rangemode="tozero", range=[0, max(values) * 1.25], row=1, col=col)
     fig.update_layout(title=title_text(title, "same requests, same step costs"), width=1050, height=420)
+    return fig
+
+
+@_fits_title
+def itl_chart(itl_s: Any, device: str = "", title: str = "Inter-token latency (ITL)") -> go.Figure:
+    """A histogram of the gaps between consecutive tokens (Generation.itl_s),
+    in ms, with lines at their mean (the TPOT) and at the p50 / p90 / p99
+    (nearest rank, labkit.timing.percentile). The mean sits right of the
+    median when a few slow steps (a busy machine, a long prefill of another
+    request) stretch the tail."""
+    from .timing import percentile
+
+    ms = _to_numpy(itl_s).reshape(-1) * 1000
+    fig = go.Figure(go.Histogram(x=ms, nbinsx=max(10, min(40, len(ms))), marker_color=BLUE, name="gaps",
+                                 hovertemplate="%{x} ms: %{y} gaps<extra></extra>", showlegend=False))
+    sub = "no gaps yet" if not len(ms) else f"{len(ms)} gaps" + (f", measured on {device}" if device else "")
+    if len(ms):
+        marks = [(f"mean = TPOT {ms.mean():.1f} ms", float(ms.mean()), GREEN, "dash")]
+        marks += [(f"p{q} {percentile(ms, q):.1f} ms", percentile(ms, q), colour, "dot")
+                  for q, colour in ((50, ORANGE), (90, RED), (99, "black"))]
+        for name, x, colour, dash in marks:
+            # A line trace rather than add_vline, so each mark has a legend entry.
+            fig.add_trace(go.Scatter(x=[x, x], y=[0, 1], yaxis="y2", mode="lines", name=name,
+                                     line=dict(color=colour, dash=dash, width=3), hoverinfo="name"))
+    fig.update_layout(yaxis2=dict(overlaying="y", range=[0, 1], visible=False))
+    fig.update_xaxes(title="gap between consecutive tokens (ms)")
+    fig.update_yaxes(title="gaps", rangemode="tozero")
+    fig.update_layout(title=title_text(title, sub), **_size(800, 480), bargap=0.05,
+                      legend=dict(x=0.98, xanchor="right", y=0.98, bgcolor="rgba(255,255,255,0.7)"))
+    return fig
+
+
+@_fits_title
+def load_chart(load: dict[float, dict[str, BatchingResult]], ttft_slo_s: float | None = None,
+               tpot_slo_s: float | None = None, title: str = "Serving under load") -> go.Figure:
+    """What each batching policy does as requests arrive faster: throughput,
+    p90 TTFT (queueing included) and, given both latency targets, goodput
+    (requests per second that met them). `load`: arrival rate (requests/s) ->
+    {policy: BatchingResult} (labkit.batching.compare at each rate)."""
+    rates = sorted(load)
+    panels = [("throughput (tokens/s)", lambda r: r.throughput),
+              ("p90 TTFT (s)", lambda r: r.percentile(90, r.ttfts()))]
+    if ttft_slo_s is not None and tpot_slo_s is not None:
+        panels.append(("goodput (requests/s)", lambda r: r.goodput(ttft_slo_s, tpot_slo_s)))
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[0] for p in panels], horizontal_spacing=0.09)
+    colours = {"static": ORANGE, "continuous": BLUE}
+    policies = list(load[rates[0]]) if rates else []
+    for col, (name, fn) in enumerate(panels, start=1):
+        for policy in policies:
+            fig.add_trace(go.Scatter(x=rates, y=[fn(load[r][policy]) for r in rates], mode="lines+markers",
+                                     name=policy, legendgroup=policy, showlegend=col == 1,
+                                     line=dict(color=colours.get(policy, GREEN)),
+                                     hovertemplate=f"%{{x}} requests/s<br>{name}: %{{y:.3g}}<extra>{policy}</extra>"),
+                          row=1, col=col)
+        fig.update_xaxes(title="arrival rate (requests/s)", row=1, col=col)
+        fig.update_yaxes(rangemode="tozero", row=1, col=col)
+    if ttft_slo_s is not None and rates:
+        fig.add_hline(y=ttft_slo_s, line=dict(color=RED, dash="dot"), row=1, col=2)
+    sub = "same requests, same step costs"
+    if ttft_slo_s is not None and tpot_slo_s is not None:
+        sub += f"; targets TTFT <= {ttft_slo_s:g} s, TPOT <= {tpot_slo_s * 1e3:g} ms"
+    fig.update_layout(title=title_text(title, sub), width=1100, height=440,
+                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=1, xanchor="right"),
+                      margin=dict(t=int(_font_size() * 8.5)))
     return fig
 
 

@@ -138,6 +138,20 @@ charts.timing_chart(run.step_seconds, title=f"Time per step: prefill vs decode (
 # five words is quick (printed above).
 # In a server the queue can be most of the TTFT (notebook 10).
 #
+# The inter-token gaps as a distribution: most sit close together, and a few
+# slow ones (the machine busy with something else for a moment) make the tail.
+# The mean, which is the TPOT, sits right of the median when there is such a
+# tail; p90 and p99 say how bad the slow gaps get, which is what a user
+# watching the text stream notices.
+
+# %%
+itl_fig = charts.itl_chart(gen.itl_s, device=ON)
+# The chart's marks are the numbers printed above.
+assert abs(itl_fig.data[1].x[0] - gen.tpot_s * 1e3) < 1e-6
+assert abs(itl_fig.data[-1].x[0] - gen.itl_percentile(99) * 1e3) < 1e-6
+itl_fig
+
+# %% [markdown]
 # With a 5-token prompt the prefill takes about as long as a decode step
 # (single steps vary on a busy machine; the ratio is printed above), although
 # it handles five tokens: both read every weight of the model once, and for a

@@ -287,6 +287,10 @@ assert all(p["continuous"].goodput(SLO_TTFT, SLO_TPOT) >= p["static"].goodput(SL
 good = [load[rate]["continuous"].goodput(SLO_TTFT, SLO_TPOT) for rate in RATES]
 assert good[0] < max(good) and good[-1] < max(good)
 
+# %%
+charts.load_chart(load, ttft_slo_s=SLO_TTFT, tpot_slo_s=SLO_TPOT,
+                  title="Static vs continuous batching as the load grows (simulated)")
+
 # %% [markdown]
 # - At light load the two policies give the same throughput: the server
 #   produces what arrives. Continuous batching still cuts the TTFT of the

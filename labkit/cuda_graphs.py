@@ -1,8 +1,9 @@
 """A decode step that a CUDA graph can replay: static cache, static inputs.
 
-On a GPU a decode step of a small model is a few hundred tiny kernels, and
-launching them from Python costs more than running them: the GPU waits for
-the CPU. A CUDA graph records the launches of one step once and replays them
+On a GPU a decode step of a small model is hundreds of tiny kernels (one
+SmolLM2-135M step dispatches 857 operations that compute, `count_ops`), and
+launching them from Python can cost more than running them: the GPU waits
+for the CPU. A CUDA graph records the launches of one step once and replays them
 all with one call. Replaying needs every tensor at a fixed address and the
 same shapes each time, so this step differs from `Model.forward` in three
 ways (the blocks themselves are the same code, `Model.run_blocks`):
@@ -19,8 +20,13 @@ ways (the blocks themselves are the same code, `Model.run_blocks`):
   unused slots rather than the whole preallocated cache.
 
 On the CPU there is no graph to capture: `GraphDecoder` runs the same step
-eagerly (launch overhead is small there), which is what the tests check
-against the eager path. Greedy only: sampling needs no change to the step,
+eagerly, which is what the tests check against the eager path. What a graph
+would remove can still be measured there: `count_ops` counts the PyTorch
+operations one decode step dispatches, `op_overhead_s` times the fixed cost
+of one tiny operation, and `launch_overhead` puts the two beside the step's
+measured time (on a CPU the fixed cost is the dispatcher's and Python's, a few
+microseconds per operation; on a GPU it is the kernel launch, and the work of
+a small model's kernel can be shorter than its launch). Greedy only: sampling needs no change to the step,
 but `greedy` is what the benchmark and tests need.
 
 Left out: batches (B > 1) and beam search; torch.compile (an option,
@@ -31,13 +37,15 @@ yet).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .attention import attention_sdpa, causal_mask
 from .model import Model
-from .timing import median, sync
+from .timing import median, sync, time_fn
 
 
 def static_decode_step(model: Model, token: torch.Tensor, pos: torch.Tensor, cache, n_keys: int) -> torch.Tensor:
@@ -65,6 +73,12 @@ class GreedyRun:
 
     @property
     def tpot_s(self) -> float:
+        """Time per output token, the mean decode step (as Generation.tpot_s)."""
+        return sum(self.step_seconds) / len(self.step_seconds) if self.step_seconds else float("nan")
+
+    @property
+    def tpot_median_s(self) -> float:
+        """The median decode step: a noise-robust companion to tpot_s."""
         return median(self.step_seconds)
 
 
@@ -161,3 +175,146 @@ class GraphDecoder:
             tokens.append(token)
         run.token_ids = [int(t) for t in tokens]
         return run
+
+
+# ----------------------------------------------------------------------------
+# What a graph removes: the fixed cost of every operation, counted and timed
+# ----------------------------------------------------------------------------
+
+@dataclass
+class OpCount:
+    """The PyTorch operations one call dispatched, by name."""
+
+    by_name: Counter
+    views: int            # of them views and reshapes: no data moved, no kernel launched
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_name.values())
+
+    @property
+    def kernels(self) -> int:
+        """Operations that compute (each launches at least one kernel on a GPU)."""
+        return self.total - self.views
+
+
+class _Counting(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.by_name, self.views = Counter(), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.by_name[func.overloadpacket.__name__] += 1
+        self.views += bool(func.is_view)
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(fn) -> tuple[OpCount, object]:
+    """Run fn() and count the ATen operations it dispatches. Returns (OpCount, fn's result).
+
+    Counted at PyTorch's dispatcher, where each operation pays its fixed cost;
+    under inference mode a composite operation (matmul, softmax) is one count,
+    though on a GPU it may launch more than one kernel, so `kernels` is a lower
+    bound on the launches."""
+    with _Counting() as mode:
+        result = fn()
+    return OpCount(mode.by_name, mode.views), result
+
+
+def op_overhead_s(device: str | torch.device = "cpu", n: int = 2000, repeats: int = 5) -> float:
+    """Seconds of fixed cost per operation: n additions of one-element tensors,
+    whose arithmetic is nothing, timed on `device` (fastest of `repeats`).
+
+    On a CPU this is the cost of getting from Python through the dispatcher to
+    a kernel; on a GPU, of launching a kernel (the loop waits for the GPU once,
+    at the end, as a decode step does)."""
+    if n < 1 or repeats < 1:
+        raise ValueError(f"n and repeats must be >= 1, got n={n}, repeats={repeats}")
+    a = torch.ones(1, device=device)
+    b = torch.ones_like(a)
+
+    def many():
+        for _ in range(n):
+            torch.add(a, b)
+
+    t, _ = time_fn(many, device, repeats=repeats, warmup=1)
+    return t.min / n
+
+
+@dataclass
+class LaunchOverhead:
+    """One decode step's operations and their fixed cost, against its measured time."""
+
+    ops: OpCount
+    per_op_s: float           # op_overhead_s: one bare operation
+    step_s: float             # the decode step, measured (fastest of the repeats)
+    skeleton_step_s: float    # the same step of `skeleton(model)`: the same operations on tiny tensors
+
+    @property
+    def overhead_s(self) -> float:
+        """Fixed cost of the step's computing operations: what a CUDA graph replays in one launch."""
+        return self.ops.kernels * self.per_op_s
+
+    @property
+    def fraction(self) -> float:
+        """overhead_s / step_s."""
+        return self.overhead_s / self.step_s
+
+    @property
+    def per_op_in_model_s(self) -> float:
+        """Fixed cost per operation as the model's own code pays it (Python, shapes,
+        allocations, dispatch, launch): the skeleton's step / its operations."""
+        return self.skeleton_step_s / self.ops.total
+
+    @property
+    def skeleton_fraction(self) -> float:
+        """The skeleton's step / the model's step: the share of a step that is
+        fixed cost (Python, dispatch, launches), not arithmetic or bytes."""
+        return self.skeleton_step_s / self.step_s
+
+
+def skeleton(model: Model) -> Model:
+    """The same architecture (layers, heads, grouped-query attention, norms,
+    RoPE) with every dimension tiny and random weights: one decode step
+    dispatches the same operations as `model`'s, on tensors so small that
+    their arithmetic costs nothing. Its step time is the fixed cost alone."""
+    from transformers import AutoModelForCausalLM
+
+    config = model.hf.config.__class__.from_dict(model.hf.config.to_dict())
+    c = model.config
+    if c.family == "gpt2":
+        config.n_embd, config.n_inner, config.vocab_size = 2 * c.n_heads, 8, 64
+    else:
+        config.head_dim, config.hidden_size = 2, 2 * c.n_heads
+        config.intermediate_size, config.vocab_size = 8, 64
+    hf = AutoModelForCausalLM.from_config(config).to(model.device, model.dtype)
+    return Model(hf, tokenizer=None, name=f"skeleton of {model.name}")
+
+
+@torch.inference_mode()
+def launch_overhead(model: Model, context: int = 32, repeats: int = 5) -> LaunchOverhead:
+    """Count the operations of one eager decode step (Model.forward of one token
+    after `context` cached ones); time the step, the same step of the model's
+    skeleton, and the fixed cost of one bare operation."""
+    if context < 1:
+        raise ValueError(f"context must be >= 1, got {context!r}")
+    ops, step_s = measure_decode_step(model, context, repeats)
+    _, skeleton_s = measure_decode_step(skeleton(model), context, repeats)
+    return LaunchOverhead(ops, op_overhead_s(model.device), step_s, skeleton_s)
+
+
+def measure_decode_step(model: Model, context: int = 32, repeats: int = 5) -> tuple[OpCount, float]:
+    """(operations dispatched, fastest time of `repeats`) of one eager decode
+    step: Model.forward of one token after `context` cached positions."""
+    device = model.device
+    cache = model.new_cache(context + 1)
+    model.forward(torch.zeros(context, dtype=torch.long, device=device), cache=cache)
+    token = torch.zeros(1, dtype=torch.long, device=device)
+
+    def step():
+        cache.length = context                        # the same step every time
+        return model.forward(token, cache=cache)
+
+    ops, _ = count_ops(step)
+    t, _ = time_fn(step, device, repeats=repeats, warmup=1)
+    return ops, t.min

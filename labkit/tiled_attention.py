@@ -24,9 +24,16 @@ that the result equals ordinary attention while the largest score tensor
 ever held is one (block_size x block_size) tile. `model.attention = "tiled"`
 (or `with in_model(model):`) makes a whole model attend this way.
 
+What is saved grows with the number of queries: a prefill (or a training
+step) of T tokens has a T x T score matrix per head, a decode step one row
+of T scores. FlashAttention is a prefill and training optimisation first;
+for decode, Flash-Decoding (Dao, Haziza, Massa and Sizov, 2023) splits the
+*keys* across thread blocks so that a single query row still fills a GPU,
+and merges the partial results with the same rescaling rule.
+
 Left out: the backward pass, dropout, and the work split across GPU thread
 blocks (FlashAttention-2 parallelises over query blocks, as the outer loop
-here could be).
+here could be; Flash-Decoding over key blocks, as the inner one could).
 """
 
 from __future__ import annotations

@@ -331,3 +331,58 @@ def test_no_repeated_kv_in_decode():
         m.forward(torch.tensor([3]), cache=cache)
     ops = {e.key for e in prof.key_averages()}
     assert not ops & {"aten::repeat_interleave", "aten::repeat", "aten::expand_copy"}, ops
+
+
+# ----------------------------------------------------------------------------
+# What a graph removes, measured on any device: operations counted, fixed cost timed
+# ----------------------------------------------------------------------------
+
+from labkit import cuda_graphs
+from labkit.cuda_graphs import GreedyRun
+
+
+def test_greedy_run_tpot_is_the_mean():
+    run = GreedyRun([1, 2, 3, 4], ttft_s=0.5, step_seconds=[0.1, 0.2, 0.9])
+    assert run.tpot_s == pytest.approx(0.4)          # (0.1 + 0.2 + 0.9) / 3, as Generation.tpot_s
+    assert run.tpot_median_s == 0.2
+    assert GreedyRun([1], 0.5).tpot_s != GreedyRun([1], 0.5).tpot_s   # nan: no decode step
+
+
+def test_count_ops_counts_what_is_dispatched():
+    x = torch.randn(3, 4)
+    ops, y = cuda_graphs.count_ops(lambda: (x @ x.T).softmax(-1).view(-1))
+    assert y.shape == (9,)
+    assert ops.total == 4 and ops.views == 2 and ops.kernels == 2       # permute/t, matmul, softmax, view
+    assert ops.by_name["view"] == 1
+
+
+def test_decode_step_ops_grow_by_layer_and_the_skeleton_has_the_same():
+    """One decode step's operations: a fixed part plus the same number per block; the
+    skeleton (tiny dimensions) dispatches exactly the model's operations."""
+    from labkit.speculative import early_exit
+
+    m = labkit.Model(tiny_hf_model("llama"))
+    counts = {}
+    for n in (1, 2, 3):
+        part = early_exit(m, n)
+        counts[n] = cuda_graphs.measure_decode_step(part, context=4, repeats=1)[0].total
+    assert counts[3] - counts[2] == counts[2] - counts[1] > 10
+    skeleton = cuda_graphs.skeleton(m)
+    assert skeleton.config.n_layers == 3 and skeleton.config.n_kv_heads == m.config.n_kv_heads
+    assert skeleton.n_params < m.n_params / 10
+    assert cuda_graphs.measure_decode_step(skeleton, context=4, repeats=1)[0].total == counts[3]
+
+
+def test_launch_overhead_on_the_cpu():
+    m = labkit.Model(tiny_hf_model("llama"))
+    lo = cuda_graphs.launch_overhead(m, context=8, repeats=2)
+    assert lo.ops.kernels > 3 * 20 and lo.ops.views > 0
+    # Timings: only signs and identities (a busy 2-core machine makes any bound flaky).
+    assert lo.per_op_s > 0 and lo.step_s > 0 and lo.skeleton_step_s > 0
+    assert lo.overhead_s == pytest.approx(lo.ops.kernels * lo.per_op_s)
+    assert lo.per_op_in_model_s == pytest.approx(lo.skeleton_step_s / lo.ops.total)
+    assert lo.fraction == pytest.approx(lo.overhead_s / lo.step_s)
+    with pytest.raises(ValueError, match="context"):
+        cuda_graphs.launch_overhead(m, context=0)
+    with pytest.raises(ValueError, match="n and repeats"):
+        cuda_graphs.op_overhead_s("cpu", n=0)

@@ -24,7 +24,7 @@
 #
 # and we take that single run apart. You will see, with the model's real numbers:
 #
-# 1. the **three stages** of inference: encode (编码与预处理), forward (前向传播)
+# 1. the **three stages** of inference (推理): encode (编码与预处理), forward (前向传播)
 #    and sample (采样与解码), each with its actual output;
 # 2. the **two phases** every serving system is built around: prefill (预填充)
 #    and decode (解码阶段), with the latencies (延迟) that describe them, TTFT,
@@ -58,8 +58,9 @@ model
 # %% [markdown]
 # **What "fp32" means for this model.** The bundled file is a GGUF file (the
 # format of llama.cpp) in which the weight matrices are stored **4-bit
-# quantised** (Q4_1: blocks of 32 weights, each block a scale, a minimum and
-# sixteen 4-bit levels; the embedding matrix is 8-bit Q8_0 and the small norm
+# quantised** (Q4_1: blocks of 32 weights, each block storing a scale and a
+# minimum, and one 4-bit number per weight, so that each weight is one of 16
+# evenly spaced levels; the embedding matrix is 8-bit Q8_0 and the small norm
 # weights fp32). `transformers` de-quantises them to fp32 on load. So the
 # model computes in fp32, but its weights are not the original full-precision
 # ones: they carry only the 4-bit resolution of the file. Counted from the file
@@ -94,12 +95,14 @@ gen = labkit.generate(model, PROMPT, max_new_tokens=8, method="greedy")
 print(f"{PROMPT!r} -> {gen.text!r}")
 print(f"finished because: {gen.finish_reason!r}")
 assert gen.text.startswith(" Paris")
+if model.dtype == torch.float32:   # greedy fp32 output is the same on every machine; bf16 may round differently
+    assert gen.finish_reason == "length"
 
 # %% [markdown]
 # The first token is " Paris" (with its leading space: the space belongs to the
 # word that follows it). The model then keeps going, because a plain prompt is
-# just text to continue and nothing told it to stop: it stops only at the length
-# limit. Asked as a *question*, wrapped in the chat template this instruct model
+# just text to continue, with no turn to end: here it runs into the limit of 8
+# new tokens (`'length'`). Asked as a *question*, wrapped in the chat template this instruct model
 # was trained on (notebook 01), it answers in a sentence and ends with its
 # end-of-sequence token (EOS, 结束符) by itself:
 
@@ -131,8 +134,8 @@ assert "Paris" in chat.text and chat.finish_reason == "eos"
 # > vectors), never prefill; **prefill** and **decode** are only the two
 # > *phases* of the loop (below), and each decode step runs stages 2 and 3 for
 # > one token; stage 3 is called **sample**, even when the rule (greedy) is
-# > not random. Turning ids back into text is **detokenization**
-# > (`tokenizer.decode`), a third "decode" we name in full.
+# > not random. Turning ids back into text is **detokenization** (反分词,
+# > `tokenizer.decode`), a third "decode" we name in full.
 #
 # ### Stage 1: encode (编码与预处理)
 #
@@ -186,7 +189,7 @@ assert cache.length == len(enc)
 # %% [markdown]
 # `labkit` writes this forward pass out step by step (notebooks 03 and 04), reading
 # the weights of the 🤗 `transformers` model it loaded. Both give the same numbers
-# (to rounding error in fp32; to bf16's precision on a GPU):
+# (to rounding error in fp32; to bf16's or fp16's precision on a GPU):
 
 # %%
 with torch.inference_mode():
@@ -467,9 +470,11 @@ if OTHER_MODEL:
 #    changes?
 # 3. Run the ten top-p draws again with `top_p=0.5` and with `top_p=0.99`. Explain
 #    the difference in terms of the distribution chart.
-# 4. Generate 64 tokens instead of 16 in the timed cell. Does TPOT grow as the KV
-#    cache grows? Does TTFT change? Compare the mean (TPOT) with the median gap
-#    and with p90: which is most affected by an occasional slow step, and why?
+# 4. Generate 64 tokens instead of 16 in the timed cell (`max_new_tokens=64,
+#    stop_at_eos=False`: with the limit alone, the model ends its text with EOS
+#    sooner). Does TPOT grow as the KV cache grows? Does TTFT change? Compare the
+#    mean (TPOT) with the median gap and with p90: which is most affected by an
+#    occasional slow step, and why?
 # 5. In the live view, choose top-p sampling and run to the end several times
 #    (reset in between). Which tokens change between runs, and where did the model
 #    have the most doubt (lightest boxes)?

@@ -78,7 +78,7 @@ QUESTION = "What color is the sky?"
 print(labkit.format_chat(model, QUESTION))
 
 # %% [markdown]
-# A **system prompt** (系统提示词, a "meta instruction" 元指令) is a first turn that
+# A **system prompt** (系统提示, a "meta instruction" 元指令) is a first turn that
 # the user does not see, set by whoever deploys the model. It replaces the
 # default one, and it steers every answer:
 
@@ -333,7 +333,7 @@ for text in samples:
     print(f"{len(raw):2} tokens as typed, {len(norm):2} after NFKC:  {text!r} -> {labkit.normalize(text)!r}")
 
 assert labkit.normalize("ＡＢＣ１２３！") == "ABC123!"
-assert labkit.normalize("法国的首都是巴黎。") == "法国的首都是巴黎。"  # the ideographic full stop has no half-width twin
+assert labkit.normalize("法国的首都是巴黎。") == "法国的首都是巴黎。"  # NFKC keeps the ideographic full stop 。 (it is not made ".")
 assert all(n_norm < n_raw for n_raw, n_norm in (n_tokens[t] for t in samples[:4]))   # fewer tokens after NFKC
 
 # %% [markdown]

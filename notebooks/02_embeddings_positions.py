@@ -206,7 +206,7 @@ assert not torch.allclose(causal_a[dog_a], causal_b[dog_b], atol=1e-3)
 
 # %% [markdown]
 # So the mask leaks order, and a trained model can use it: decoder-only language
-# models trained with **no positional encoding at all** (NoPE) learn positions
+# models trained with **no positional encoding at all** (NoPE, 无位置编码) learn positions
 # from the mask. Haviv et al. (2022) found such models nearly as good as ones with
 # positional encodings, and probing showed they know each token's absolute
 # position; a bidirectional model (no causal mask) trained without positions
@@ -354,7 +354,7 @@ except ValueError as err:
 # ```
 
 # %%
-LOAD_GPT2 = False  # True downloads GPT-2 (about 500 MB) the first time: needs internet
+LOAD_GPT2 = False  # True downloads GPT-2 (about 550 MB) the first time: needs internet
 
 if LOAD_GPT2:
     gpt2 = labkit.load_model("gpt2")

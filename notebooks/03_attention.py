@@ -140,8 +140,10 @@ x = trace.hidden[LAYER]                                           # (T, d_model)
 h = rms_norm(x, block.input_layernorm.weight, c.norm_eps)         # (T, d_model)
 h_by_hand = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + c.norm_eps) * block.input_layernorm.weight
 assert torch.allclose(h, h_by_hand, atol=1e-5)                    # labkit's rms_norm is the formula above
+rms_after = (h_by_hand / block.input_layernorm.weight).pow(2).mean(-1).sqrt()   # before the learned weight
 print(f"RMSNorm: root mean square of each token's vector before {x.pow(2).mean(-1).sqrt().min():.2f}.."
-      f"{x.pow(2).mean(-1).sqrt().max():.2f}, after dividing: 1.00")
+      f"{x.pow(2).mean(-1).sqrt().max():.2f}, after dividing: {rms_after.min():.2f}..{rms_after.max():.2f}")
+assert torch.allclose(rms_after, torch.ones(T), atol=1e-3)        # 1 up to epsilon
 
 q = (h @ Wq.T).view(T, c.n_heads, c.head_dim).transpose(0, 1)     # (heads, T, hs)
 k = (h @ Wk.T).view(T, c.n_kv_heads, c.head_dim).transpose(0, 1)  # (kv_heads, T, hs)
@@ -250,13 +252,14 @@ charts.cosine_similarity_heatmap(q_at[:16], [f"p{p}" for p in range(16)],
                                  title="One query vector at positions 0-15, rotated by RoPE: cosine similarity")
 
 # %% [markdown]
-# Compared with the sinusoidal and learned schemes of notebook 02, RoPE needs no
-# extra weights, encodes relative position where it matters (in the attention
-# scores), and can be computed for any position, although a model is only
-# reliable up to the length it was trained on:
+# Compared with the schemes of notebook 02: like the sinusoidal one and unlike
+# the learned one, RoPE needs no extra weights and can be computed for any
+# position; unlike both, it encodes relative position where it matters (in the
+# attention scores). A model is still only reliable up to the length it was
+# trained for; this model's configuration (`max_position_embeddings`) sets it at:
 
 # %%
-print(f"{model.name} was trained with a context of {c.max_len:,} positions")
+print(f"{model.name}: a context of {c.max_len:,} positions")
 
 # %% [markdown]
 # ### Try it: position and pair sliders
@@ -266,9 +269,10 @@ print(f"{model.name} was trained with a context of {c.max_len:,} positions")
 # **pair** at the chosen **position**. The bottom chart shows this model's RoPE
 # angle (mod a full turn) for pair 0, the chosen pair and the last pair; the
 # cross is the chosen pair at the chosen position. Move the position slider and
-# watch the fast pairs spin while the slow ones hardly move. The two schemes turn
-# at different speeds for the same pair, because this model's RoPE uses its own
-# base and head size (printed above). (The slider's label names the sinusoidal
+# watch the fast pairs spin while the slow ones hardly move. Pair 0 turns by
+# 1 rad per position in both schemes; every later pair turns at a different
+# speed in the two, because this model's RoPE uses its own base and head size
+# (printed above). (The slider's label names the sinusoidal
 # table's dimensions 2i and 2i+1; in this model's RoPE, pair i is dimensions i
 # and i + size_per_head/2.)
 
@@ -293,6 +297,9 @@ marker = after_rope.data[-1]
 assert marker.x[0] == 40 and math.isclose(marker.y[0], rope[40, 0].item() % (2 * math.pi), rel_tol=1e-5)
 print(f"position 40, pair 0: PE = ({pe[40, 0]:.3f}, {pe[40, 1]:.3f}); "
       f"RoPE angle {rope[40, 0] % (2 * math.pi):.3f} rad")
+# Pair 0 has frequency 1 in both schemes: PE = (sin 40, cos 40), and RoPE turns it by 40 rad.
+assert math.isclose(rope[40, 0].item(), 40.0, rel_tol=1e-6)
+assert torch.allclose(pe[40, :2], torch.tensor([math.sin(40), math.cos(40)]), atol=1e-5)
 
 # %% [markdown]
 # ### RoPE on the real queries and keys
@@ -328,7 +335,7 @@ print(scores)
 
 # %% [markdown]
 # **Why divide by √d_k?** A dot product adds up d_k products. If the entries of q
-# and k are random with variance 1, the sum has variance d_k, so its typical size
+# and k are independent, with mean 0 and variance 1, the sum has variance d_k, so its typical size
 # grows like √d_k. With big scores, softmax puts almost all the weight on the
 # largest one and the gradients vanish during training. Dividing by √d_k brings the
 # scores back to a typical size of about 1, whatever the head size. Measured on
@@ -469,7 +476,7 @@ charts.attention_grid(trace.attentions[LAYER], tokens, layer=LAYER)
 # In plain **multi-head attention (MHA, 多头注意力)** every query head has its own
 # key and value head. In **grouped-query attention** a group of query heads shares
 # one key/value head; with a single shared KV head it is called **multi-query
-# attention (MQA, 多查询注意力**; Shazeer 2019). Three numbers describe the
+# attention** (MQA, 多查询注意力; Shazeer 2019). Three numbers describe the
 # layout, in the names the course uses:
 
 # %%
@@ -493,7 +500,7 @@ charts.gqa_diagram(COURSE["n_heads"], COURSE["n_kv_heads"], COURSE["head_dim"])
 # **What GQA is, and what it saves.** GQA is an architecture choice made when the
 # model is designed and trained: each layer has fewer K/V heads, so $W_k$ and
 # $W_v$ have fewer rows (fewer parameters), and the model is trained with the
-# shared keys and values from the start, as SmolLM2 and Llama 3 were. It is not a
+# shared keys and values from the start, as SmolLM2-135M and Llama 3 were. It is not a
 # compression applied to a finished model. (Ainslie et al. 2023, who named GQA,
 # also converted existing MHA models: they averaged each group's K/V heads into
 # one and then continued training for about 5 % of the original compute,
@@ -508,7 +515,7 @@ charts.gqa_diagram(COURSE["n_heads"], COURSE["n_kv_heads"], COURSE["head_dim"])
 # so the cache is head_num / kv_head_num times smaller than with MHA of the same
 # shape. The quality stays close to MHA's, and better than MQA's: Ainslie et al.
 # report uptrained GQA close to MHA in quality at nearly MQA's speed. That is why
-# most recent models (Llama 2 70B, Llama 3, Mistral, Qwen2, SmolLM2) use GQA.
+# many recent models (Llama 2 70B, Llama 3, Mistral 7B, Qwen2, SmolLM2-135M) use GQA.
 
 # %%
 bytes_per_value = costs.bytes_per_value(model.dtype)

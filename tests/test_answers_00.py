@@ -56,8 +56,16 @@ def test_answer_3_top_p_half(model):
 
 
 def test_answer_4_cache_share(model):
-    n_positions = 5 + 64                                      # the prompt and 64 new tokens
+    gen = labkit.generate(model, "The capital of France is", max_new_tokens=64, stop_at_eos=False)
+    n_positions = gen.steps[-1].cache_len                     # the prompt and 63 fed-back tokens
     share = n_positions * costs.kv_bytes_per_token(model.config, 4) / model.weight_nbytes
     stated = numbers(answer(4))
+    assert len(gen.steps) == 64 and n_positions == 5 + 63
     assert stated[0] == n_positions
     assert stated[1] == pytest.approx(100 * share, abs=0.05)
+
+
+def test_answer_4_stops_at_eos(model):
+    gen = labkit.generate(model, "The capital of France is", max_new_tokens=64)
+    assert gen.finish_reason == "eos"
+    assert numbers(answer(4))[-1] == len(gen.steps)

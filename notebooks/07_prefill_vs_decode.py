@@ -28,7 +28,8 @@
 # - **TTFT** (time to first token, 首 token 时延): request → first token. It holds
 #   the tokenization, the set-up (the cache is allocated) and the prefill
 #   step; in a server also the time the request waits in a queue
-#   (notebook 10). The prefill step alone we call the **prefill time**.
+#   (notebook 10). The prefill step alone we call the **prefill time**
+#   (预填充时间).
 # - **TPOT** (time per output token, 每 token 时延): the mean time per token
 #   after the first, (end-to-end − TTFT) / (N − 1) for N tokens. The single
 #   gaps between consecutive tokens are the **inter-token latencies** (ITL,
@@ -118,6 +119,7 @@ print(f"prefill time / median ITL = {gen.prefill_s / gen.tpot_median_s:.1f} "
       f"(a {n_prompt}-token prefill against one decode step)")
 print(f"measured on {ON}")
 assert gen.text.startswith(" Paris")
+assert n_prompt == 5                                    # the "5-token prompt" of the text below
 assert [s.phase for s in gen.steps] == ["prefill"] + ["decode"] * (N_NEW - 1)
 # TTFT counts from the request: it holds the tokenization and the prefill step, and more.
 assert gen.ttft_s >= gen.tokenize_s + gen.prefill_s > 0
@@ -352,14 +354,17 @@ assert here_approx <= here <= 1.5 * here_approx + 1
 assert 290 < h100 < 300 and n_prompt < h100 / 10
 
 # %% [markdown]
-# So "prefill is compute-bound" holds for long prompts only. On this machine
-# the crossover is a handful of tokens, because a CPU's ridge is low; the
+# So "prefill is compute-bound" holds for long prompts only. On a CPU the
+# crossover is a handful of tokens, because a CPU's ridge is low; there the
 # 5-token prompt of section 1 sits near it, which is why its prefill took
-# about as long as a decode step. On an H100 the crossover is about 300
-# tokens in bf16 (about 200 on an H200, with its faster memory): a short chat
-# message is prefilled memory-bound, with the arithmetic units mostly idle,
-# which is one reason serving systems batch prefills together or with decodes
-# (section 5, notebook 10).
+# about as long as a decode step (this run's device and crossover are printed
+# above). On an H100 the crossover is about 300 tokens in bf16 by the
+# weights-only formula (about 200 on an H200, with its faster memory; for
+# this small model, whose LM head is read in full but used for one position,
+# the exact counts printed above are higher): a short chat message is
+# prefilled memory-bound, with the arithmetic units mostly idle, which is one
+# reason serving systems batch prefills together or with decodes (section 5,
+# notebook 10).
 #
 # ## 5. Batch size (批大小): sharing the weight reads
 #
@@ -369,8 +374,9 @@ assert 290 < h100 < 300 and n_prompt < h100 / 10
 # cache, which is read in full at every step and shared by nobody.
 #
 # Below, for each batch size: a prefill of *B* prompts of 32 tokens, and one
-# decode step for *B* sequences that each hold a cache of the same length
-# (filled with placeholder values: only its size matters for the time).
+# decode step for *B* sequences that each hold `CONTEXT` cached positions
+# (256 on a CPU, 2,048 on a GPU; filled with placeholder values: only their
+# number matters for the time).
 
 # %%
 BATCHES = [1, 4, 16] if CPU else [1, 4, 16, 64]
@@ -383,7 +389,7 @@ for bs, p_ms, d_s, tps, kv, w in zip(BATCHES, sweep.prefill_ms_per_token, sweep.
                                       sweep.decode_tokens_per_s, sweep.kv_fraction, decode_work):
     print(f"{bs:>5} {p_ms:>11.2f} ms {d_s * 1e3:>9.1f} ms {tps:>13.1f} {kv:>9.0%} {w.intensity:>10.1f}")
 print(f"(the ridge point of this device is {ridge:.1f} FLOP/byte; a batched prefill passes it once "
-      f"B x 32 >= {here} tokens)")
+      f"B x 32 reaches about {here} tokens)")
 p1, pn = sweep.prefill_ms_per_token[0], sweep.prefill_ms_per_token[-1]
 d1, dn = sweep.decode_tokens_per_s_best[0], sweep.decode_tokens_per_s_best[-1]
 print(f"from batch 1 to {BATCHES[-1]}: prefill time per token x{pn / p1:.2f}, "
@@ -458,11 +464,13 @@ charts.roofline_chart(peak, bandwidth, [points[0]] + batch_points, device_name=O
 #    parameters) in bf16 at batch 1. Where is it on an H100 roofline
 #    (`costs.H100_SXM`)? At what batch does it reach the ridge point,
 #    ignoring the KV cache?
-# 3. Rerun section 5 with `CONTEXT` four times larger. How do the KV share and
-#    the decode throughput at the largest batch change? (The KV share is
-#    counted: work it out with `costs.decode_workload` before you run it.)
+# 3. Rerun section 5 with `CONTEXT` four times larger (on a GPU 8,191: the
+#    decode step needs one position more than it, and the model's context is
+#    8,192). How do the KV share and the decode throughput at the largest
+#    batch change? (The KV share is counted: work it out with
+#    `costs.decode_workload` before you run it.)
 # 4. Load the model in bf16 (`labkit.load_model(dtype="bf16")`) and rerun
-#    sections 3 and 4. What happens to the bytes, the intensity, the
+#    sections 1, 3 and 4. What happens to the bytes, the intensity, the
 #    crossover and, on your machine, the TPOT?
 # 5. An H200 has the H100's compute and 4.8 TB/s of memory bandwidth
 #    (`costs.H200_SXM`). What is its ridge point, and from how many prompt
@@ -483,7 +491,9 @@ charts.roofline_chart(peak, bandwidth, [points[0]] + batch_points, device_name=O
 # - NVIDIA, *H100 Tensor Core GPU* and *H200 Tensor Core GPU* datasheets
 #   (peak bf16 and memory bandwidth; the bf16 figure headlined is with 2:4
 #   sparsity, dense is half).
-# - Agrawal et al., *Taming Throughput-Latency Tradeoff in LLM Inference with
-#   Sarathi-Serve* (OSDI 2024): chunked prefill.
+# - Agrawal et al., *SARATHI: Efficient LLM Inference by Piggybacking Decodes
+#   with Chunked Prefills* (arXiv 2023), which introduced chunked prefill, and
+#   *Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve*
+#   (OSDI 2024).
 # - Zhong et al., *DistServe: Disaggregating Prefill and Decoding for
 #   Goodput-optimized LLM Serving* (OSDI 2024).

@@ -13,22 +13,14 @@
 #     name: python3
 # ---
 
-# %%
-# --- jupyter: jupytext: cell_metadata_filter: tags,-all
-# notebook_metadata_filter:
-# kernelspec,-jupytext.text_representation.jupytext_version
-# text_representation: extension: .py format_name: percent format_version:
-# '1.3' kernelspec: display_name: Python 3 (ipykernel) language: python name:
-# python3 ---
-
 # %% [markdown]
 # # 10 · Serving: batching many users (服务: 多用户批处理)
 #
 # Notebooks 00–09 answer one request at a time. A server answers many users
 # at once, whose requests arrive at random times with prompts and answers of
 # every length. Notebook 07 measured why it should batch them: a decode step
-# for *B* sequences reads the weights once for all of them, so it costs
-# little more than a step for one. This notebook asks *how* to batch, and how
+# for *B* sequences reads the weights once for all of them, so it costs far
+# less than *B* steps for one. This notebook asks *how* to batch, and how
 # to tell whether a server serves its users well. You will see:
 #
 # 1. the **serving metrics** (服务指标) of each request, TTFT, TPOT, ITL and
@@ -72,7 +64,9 @@ print("step costs measured on:", ON)
 # Notebook 07 timed one request: its clock started when `generate` was
 # called. A server's clock starts when the request **arrives**; before its
 # prefill can run, the request may wait in a queue for a free slot in the
-# batch. With that one addition the definitions are the same:
+# batch. With that one addition the definitions are the same (the
+# simulation below leaves out tokenization, which notebook 07 measured to be
+# a small part of TTFT):
 #
 # | per request | from … to … | `labkit.batching.RequestRecord` |
 # | --- | --- | --- |
@@ -85,11 +79,12 @@ print("step costs measured on:", ON)
 # For the whole server (`BatchingResult`): **throughput** (吞吐量), output tokens
 # per second from the first arrival to the last token; and **goodput**
 # (有效吞吐量), the requests per second that met their latency targets
-# (*service-level objectives*, SLOs, 服务等级目标) on both TTFT and TPOT. (Zhong et
-# al., DistServe, OSDI 2024, who made the word current, define it as the
-# highest request rate at which a chosen share of requests, say 90 %, meets
-# its SLOs; counting the requests that met them, as here, is the simpler form
-# of the same idea.) Users do not feel a mean: a server is judged by its
+# (*service-level objectives*, SLOs, 服务等级目标) on both TTFT and TPOT. (The
+# word comes from networking; for LLM serving, Zhong et al., DistServe, OSDI
+# 2024, define goodput as the highest request rate per GPU at which a chosen
+# share of requests, say 90 %, meets its SLOs; counting the requests that met
+# them, as here and in vLLM's benchmark, is the simpler form of the same
+# idea.) Users do not feel a mean: a server is judged by its
 # **percentiles** (百分位数), p50 (the median), p90, p99, here by nearest rank
 # (the smallest value with at least p% of the values at or below it).
 #
@@ -240,9 +235,9 @@ assert fc.mean_tpot_s > fs.mean_tpot_s
 # request decoding in that step waits for it: a 128-token prompt adds
 # 128 × 0.5 ms = 64 ms to that step, on top of the 34 ms decode step of the
 # seven others (20 + 7 × 2 ms). **Chunked prefill** (分块预填充; Agrawal et al.,
-# Sarathi-Serve, OSDI 2024) bounds that stall by splitting a prompt over several
-# steps, a fixed budget of prompt tokens per step; `labkit.batching` leaves it
-# out (exercise 5 estimates what it would buy).
+# SARATHI, 2023, and Sarathi-Serve, OSDI 2024) bounds that stall by splitting
+# a prompt over several steps, a fixed budget of prompt tokens per step;
+# `labkit.batching` leaves it out (exercise 5 estimates what it would buy).
 #
 # ## 4. Load: throughput, latency and goodput as the arrival rate grows
 #
@@ -276,8 +271,9 @@ assert low["continuous"].percentile(90, low["continuous"].ttfts()) < low["static
 # closer to it.
 assert all(res.throughput < ceiling for pair in load.values() for res in pair.values())
 assert high["continuous"].throughput > 1.4 * high["static"].throughput
-# And the queue grows: past saturation TTFT is mostly waiting.
+# And the queue grows: past saturation TTFT is mostly waiting (98% of it here).
 assert high["continuous"].mean_ttft_s > 10 * low["continuous"].mean_ttft_s
+assert sum(r.queue_s for r in high["continuous"].records) > 0.9 * sum(high["continuous"].ttfts())
 # Goodput: continuous batching serves more requests within the targets at
 # every rate here.
 assert all(p["continuous"].goodput(SLO_TTFT, SLO_TPOT) >= p["static"].goodput(SLO_TTFT, SLO_TPOT)

@@ -44,7 +44,7 @@ charts.summary_chart draw what `compare` returns.
 Left out: memory. Each admitted request is assumed to fit; a real engine
 has a KV-cache budget, and reserving max_len positions per request wastes
 most of it (what PagedAttention, Kwon et al. SOSP 2023, removes). Also left
-out: chunked prefill (Agrawal et al., Sarathi-Serve, 2024), preemption,
+out: chunked prefill (Agrawal et al.: SARATHI 2023, Sarathi-Serve 2024), preemption,
 priorities, tokenization and detokenization, and the time the scheduler
 itself takes. A request's e2e latency is its arrival to its last token in
 both policies (with streaming, a static batch's short answers need not wait
@@ -118,18 +118,30 @@ class CostModel:
 
     @classmethod
     def from_sweep(cls, sweep) -> "CostModel":
-        """Fit the cost model to a labkit.measure.BatchSweep: a straight line
-        through decode step time against batch size (least squares), and the
-        median prefill time per token."""
+        """Fit the cost model to a labkit.measure.BatchSweep: straight lines
+        (least squares) through decode step time against batch size, and
+        through prefill time against prompt tokens (batch x prompt length).
+        Only the slope of the prefill line is kept: a step's fixed part (the
+        weight read) is decode_base_s, which simulate charges once a step, so
+        taking time / tokens instead would charge the weight read twice."""
         xs, ys = sweep.batch_sizes, sweep.decode_s
         if len(xs) < 2:
             raise ValueError("need decode times at two or more batch sizes to fit a line")
-        mx, my = statistics.fmean(xs), statistics.fmean(ys)
-        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        slope, intercept = _fit_line(xs, ys)
         slope = max(slope, 0.0)                         # a noisy machine can tilt the line down
-        base = max(my - slope * mx, min(ys) * 0.5)
-        per_token = statistics.median(s / (b * sweep.prompt_len) for b, s in zip(xs, sweep.prefill_s))
+        base = max(intercept, min(ys) * 0.5)
+        tokens = [b * sweep.prompt_len for b in xs]
+        per_token, _ = _fit_line(tokens, sweep.prefill_s)
+        if per_token <= 0:                              # noise again: fall back to the plain ratio
+            per_token = statistics.median(s / n for n, s in zip(tokens, sweep.prefill_s))
         return cls(base, slope, per_token)
+
+
+def _fit_line(xs, ys) -> tuple[float, float]:
+    """(slope, intercept) of the least-squares line through the points."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return slope, my - slope * mx
 
 
 @dataclass

@@ -127,7 +127,9 @@ assert small.records[2].queue_s > 0 and small.records[2].start_s == small.record
 # measured how a decode step grows with the batch; here the same measurement,
 # smaller, fitted with a straight line (`CostModel.from_sweep`): a base cost
 # per step (reading the weights once), a cost per sequence (its KV cache and
-# its share of the arithmetic), and a cost per prompt token prefilled.
+# its share of the arithmetic), and a cost per prompt token prefilled (the
+# slope of prefill time against prompt tokens: the weight read is already in
+# the base, which every step pays once).
 
 # %%
 CPU = model.device.type == "cpu"

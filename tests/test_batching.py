@@ -42,6 +42,11 @@ def test_cost_model_fitted_from_a_sweep():
     # Noise that tilts the line down never gives a negative cost per sequence.
     noisy = SimpleNamespace(batch_sizes=[1, 2], decode_s=[0.02, 0.019], prefill_s=[0.01, 0.02], prompt_len=8)
     assert B.CostModel.from_sweep(noisy).decode_per_seq_s == 0
+    # A prefill with a fixed part (the weight read, 10 ms) + 1 ms a token: only the
+    # 1 ms is per token; the fixed part is the step's base, charged once a step.
+    fixed = SimpleNamespace(batch_sizes=[1, 2, 4], decode_s=[0.012, 0.014, 0.018],
+                            prefill_s=[0.010 + 0.001 * 16 * b for b in (1, 2, 4)], prompt_len=16)
+    assert B.CostModel.from_sweep(fixed).prefill_per_token_s == pytest.approx(0.001)
 
 
 @pytest.mark.parametrize("policy", ["static", "continuous"])

@@ -5,17 +5,20 @@ time is set by how many bytes the weights take (docs/benchmarks.md measures
 it). Storing the weights in fewer bits and expanding them inside the matmul
 kernel reads fewer bytes per token:
 
-    fp32   4    bytes per weight
-    bf16   2
+    fp32   4    bytes per weight     24-bit significand: ~7.2 significant decimal digits
+    bf16   2                         8-bit significand (7 stored + 1 implicit): ~2.4 digits,
+                                     and fp32's exponent range
+    fp16   2                         11-bit significand: ~3.3 digits, range up to 65504
     int8   1    + one scale per output row            (per-channel, symmetric)
     int4   0.5  + a scale and a zero per 32 weights   (per-group, asymmetric)
 
     int8:  w ~ q * scale,               q in [-127, 127]
     int4:  w ~ (q - 8) * scale + zero,  q in [0, 15], one (scale, zero) per group
 
-`quantize(model, "int8")` returns a new `labkit.Model` (the model passed in is
-not touched, so the two can be compared side by side) whose projection layers
-and LM head hold quantized weights. `Model.forward` runs unchanged: its
+`quantize(model, "int8")` returns a new `QuantizedModel` (a `labkit.Model`;
+the model passed in is not touched, so the two can be compared side by
+side) whose projection layers and LM head hold quantized weights.
+`Model.forward` runs unchanged: its
 `linear()` helper calls these layers, which run PyTorch's own weight-only
 kernels on the CPU (`torch._weight_int8pack_mm`,
 `torch.ops.aten._weight_int4pack_mm_for_cpu`). Those kernels are fast with
@@ -36,6 +39,10 @@ compute-bound prefill more than decode), GPTQ/AWQ-style calibration, and
 fast GPU kernels (on a GPU these layers de-quantize on every call: correct,
 not faster). The token embedding table stays in floating point: a lookup
 reads one row per token, so quantizing it saves no time.
+
+`distinct_values_per_block(w)` counts the distinct values in each block of
+32 weights: it shows that the bundled default model's "fp32" weights are
+de-quantised 4-bit GGUF blocks (Q4_1: at most 16 values per block).
 """
 
 from __future__ import annotations
@@ -71,6 +78,11 @@ PROMPTS = [
 # int8 matrix expands in about the time of 12 kernel rows; an int4 one, whose
 # unpacking takes several passes, in about the time of 140).
 INT8_KERNEL_MAX_ROWS = 16
+
+# Quantizing a matrix works through this many rows at a time, so the float
+# temporaries of a large matrix (the 49152 x 576 LM head: 113 MB each in fp32)
+# stay a few MB: memory holds the model and its quantized copy, little more.
+CHUNK_ROWS = 2048
 INT4_KERNEL_MAX_ROWS = 128
 
 
@@ -94,8 +106,10 @@ class Int8Linear(nn.Module):
         super().__init__()
         w = weight.detach().float().contiguous()                      # (out, in); the kernel needs rows
         scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127            # (out,)
-        q = (w / scale[:, None]).round_().clamp_(-127, 127)
-        self.register_buffer("qweight", q.to(torch.int8))
+        q = torch.empty(w.shape, dtype=torch.int8, device=w.device)
+        for r in range(0, len(w), CHUNK_ROWS):     # a chunk of rows at a time: small float temporaries
+            q[r:r + CHUNK_ROWS] = (w[r:r + CHUNK_ROWS] / scale[r:r + CHUNK_ROWS, None]).round_().clamp_(-127, 127)
+        self.register_buffer("qweight", q)
         self.register_buffer("scale", scale.to(dtype))
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
         self.in_features, self.out_features = w.shape[1], w.shape[0]
@@ -142,12 +156,15 @@ class Int4Linear(nn.Module):
         # The CPU kernel packs rows in blocks of 64: pad with zero rows, and drop
         # their outputs (only odd shapes such as the tests' tiny vocabularies need it).
         self.n_rows = -(-n_out // 64) * 64
-        w = F.pad(w, (0, 0, 0, self.n_rows - n_out))
+        if self.n_rows != n_out:
+            w = F.pad(w, (0, 0, 0, self.n_rows - n_out))
         groups = w.view(self.n_rows, n_in // group_size, group_size)
         lo, hi = groups.amin(-1), groups.amax(-1)                     # (out, n_groups)
         scale = ((hi - lo) / 15).clamp(min=1e-12)
-        q = ((groups - lo[..., None]) / scale[..., None]).round_().clamp_(0, 15)
-        q = q.to(torch.int32).view(self.n_rows, n_in)
+        q = torch.empty(self.n_rows, n_in, dtype=torch.int32, device=w.device)
+        for r in range(0, self.n_rows, CHUNK_ROWS):   # a chunk of rows at a time: small float temporaries
+            rows = slice(r, r + CHUNK_ROWS)
+            q[rows] = ((groups[rows] - lo[rows, :, None]) / scale[rows, :, None]).round_().clamp_(0, 15).view(-1, n_in)
         # The kernel computes w = (q - 8) * scale + zero, so zero is the value at q = 8.
         zero = lo + 8 * scale
         self.register_buffer("scales_and_zeros", torch.stack([scale.t(), zero.t()], dim=-1).to(dtype).contiguous())
@@ -200,6 +217,47 @@ class Int4Linear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
+class QuantizedModel(Model):
+    """A Model whose projection layers hold quantized weights as buffers.
+
+    n_params counts each quantized weight once, as the parameter it replaced
+    (Model.n_params sums nn.Parameters only, and would miss them). A tied LM
+    head, which quantize() gives its own quantized copy of the embedding
+    table, is the same parameters as the table: it is not counted twice.
+
+    tied_head: the LM head was the embedding table in the model quantized.
+    """
+
+    def __init__(self, hf, tokenizer=None, name: str | None = None, tied_head: bool = False):
+        super().__init__(hf, tokenizer, name)
+        self.tied_head = tied_head
+
+    @property
+    def n_params(self) -> int:
+        head = self.hf.get_output_embeddings()
+        quantized = sum(m.in_features * m.out_features for m in self.hf.modules()
+                        if isinstance(m, (Int8Linear, Int4Linear)) and not (self.tied_head and m is head))
+        return super().n_params + quantized
+
+
+def distinct_values_per_block(weight: torch.Tensor, block_size: int = 32) -> torch.Tensor:
+    """How many distinct values each block of block_size consecutive weights
+    along a row holds: weight (out, in) -> (out, in / block_size) counts.
+
+    A block quantized to b bits holds at most 2**b distinct values, whatever
+    dtype it was de-quantised to (GGUF's Q4_1: 16); trained weights in
+    floating point hold about block_size."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if weight.dim() != 2 or weight.shape[1] % block_size:
+        raise ValueError(f"weight must be 2-D with a row length divisible by block_size ({block_size}), "
+                         f"got shape {tuple(weight.shape)}")
+    blocks = weight.detach().reshape(-1, block_size).sort(dim=-1).values      # (blocks, block_size)
+    # In a sorted block every new value starts where it differs from its left neighbour.
+    distinct = 1 + (blocks[:, 1:] != blocks[:, :-1]).sum(-1)
+    return distinct.view(weight.shape[0], -1)
+
+
 def _projections(hf) -> dict[str, nn.Module]:
     """Every layer that multiplies by a weight matrix, by name: nn.Linear, and
     GPT-2's Conv1D (the same thing with the weight stored transposed)."""
@@ -209,7 +267,7 @@ def _projections(hf) -> dict[str, nn.Module]:
 
 @torch.inference_mode()
 def quantize(model: Model, scheme: str = "int8", *, group_size: int = 32,
-             dtype: torch.dtype | None = None, head: str | None = None) -> Model:
+             dtype: torch.dtype | None = None, head: str | None = None) -> QuantizedModel:
     """A new Model with weight-only int8 or int4 projection layers and LM head.
 
     model: the model to start from; it is copied, never changed.
@@ -234,6 +292,8 @@ def quantize(model: Model, scheme: str = "int8", *, group_size: int = 32,
     # copied even when the LM head shares it: lookups still need it.
     table = model.hf.get_input_embeddings().weight
     memo = {id(m.weight): None for m in layers.values() if m.weight is not table}
+    # The table goes straight to dtype (not copied in full precision first).
+    memo[id(table)] = nn.Parameter(table.detach().to(dtype), requires_grad=table.requires_grad)
     hf = copy.deepcopy(model.hf, memo).to(dtype)
     # Tied embeddings: the LM head gets its own quantized copy below, and the
     # embedding table keeps the floating-point one for lookups. Untie them in
@@ -250,7 +310,8 @@ def quantize(model: Model, scheme: str = "int8", *, group_size: int = 32,
         parent, _, attr = name.rpartition(".")
         setattr(hf.get_submodule(parent), attr, new)
     label = scheme if head == scheme else f"{scheme}, head {head}"
-    return Model(hf, model.tokenizer, name=f"{model.name} ({label})")
+    return QuantizedModel(hf, model.tokenizer, name=f"{model.name} ({label})",
+                          tied_head=lm_head is not None and lm_head.weight is table)
 
 
 # ----------------------------------------------------------------------------

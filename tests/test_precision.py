@@ -85,3 +85,65 @@ def test_kl_divergence_is_kl_of_reference_from_model():
     # The two directions differ enough here that swapping the arguments cannot pass.
     forward, backward = quantize.kl_divergence(ref, other), quantize.kl_divergence(other, ref)
     assert ((forward - backward).abs() > 0.1).all()
+
+
+def test_tpot_is_the_mean_of_each_generation_then_the_median(model, monkeypatch):
+    """PrecisionResult.tpot_s: each generation's Generation.tpot_s (the mean,
+    (e2e - TTFT) / (N - 1)), then the median across prompts; not the median step."""
+    gens = []
+    real_generate = precision.generate
+
+    def recording_generate(*args, **kwargs):
+        gen = real_generate(*args, **kwargs)
+        gens.append(gen)
+        return gen
+
+    monkeypatch.setattr(precision, "generate", recording_generate)
+    prompts = ["The capital of France is", "Water boils at", "One, two,"]
+    (ref,) = precision.measure_precisions(model, {}, prompts, max_new_tokens=3)
+    timed = [g for g in gens if len(g.token_ids) == 3]               # not the one-token warm-up
+    means = sorted((g.steps[-1].at_s - g.steps[0].at_s) / 2 for g in timed)
+    assert len(timed) == 3 and ref.tpot_s == pytest.approx(means[1], rel=1e-9)
+    assert ref.ttft_s == timed[0].ttft_s
+
+
+def test_models_by_name_are_built_one_at_a_time(model, load_default, monkeypatch):
+    built = []
+    real_lower = precision.lower
+    monkeypatch.setattr(precision, "lower", lambda m, name: built.append(name) or real_lower(m, name))
+    results = precision.measure_precisions(model, ["bf16", "int8"], ["The capital of France is"], max_new_tokens=2)
+    assert built == ["bf16", "int8"] and [r.name for r in results] == ["fp32", "bf16", "int8"]
+    assert results[1].weight_nbytes == load_default("bf16").weight_nbytes
+    assert results[2].weight_nbytes < 0.6 * results[1].weight_nbytes
+    with pytest.raises(ValueError, match="models"):
+        precision.measure_precisions(model, ["int3"], ["x"])
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        precision.measure_precisions(model, {}, ["x"], max_new_tokens=0)
+
+
+def test_cast_rounds_as_load_model_does(model, bf16):
+    cast = precision.cast(model, "bf16")
+    assert cast.dtype == torch.bfloat16 and model.dtype == torch.float32     # the original is untouched
+    for a, b in zip(cast.hf.parameters(), bf16.hf.parameters()):
+        assert torch.equal(a, b)
+    assert cast.hf.lm_head.weight is cast.hf.model.embed_tokens.weight     # still tied
+    ids = labkit.encode(model, "The capital of France is").ids
+    assert torch.equal(cast.forward(ids), bf16.forward(ids))
+    fp16 = precision.lower(model, "fp16")
+    assert fp16.dtype == torch.float16 and fp16.weight_nbytes == bf16.weight_nbytes
+    with pytest.raises(ValueError, match="dtype"):
+        precision.cast(model, "int8")
+    with pytest.raises(ValueError, match="name"):
+        precision.lower(model, "fp8")
+
+
+def test_original_weights_are_looked_up_without_downloading(tmp_path):
+    assert precision.original_model_in_cache(cache_dir=str(tmp_path)) is None
+    # A cached snapshot is found.
+    snap = tmp_path / "models--HuggingFaceTB--SmolLM2-135M-Instruct" / "snapshots" / ("0" * 40)
+    snap.mkdir(parents=True)
+    (snap / "model.safetensors").write_bytes(b"x")
+    refs = tmp_path / "models--HuggingFaceTB--SmolLM2-135M-Instruct" / "refs"
+    refs.mkdir()
+    (refs / "main").write_text("0" * 40)
+    assert precision.original_model_in_cache(cache_dir=str(tmp_path)) == str(snap / "model.safetensors")

@@ -2,7 +2,7 @@
 
 Thresholds. KL(p_fp32 || p_quantized) of the next-token distribution, mean
 over every position of the prompts. For scale: bf16 weights alone (an 8-bit
-mantissa) give about 0.001-0.003 nats on SmolLM2-135M. int8 per-row rounds
+significand, 7 bits stored) give about 0.001-0.003 nats on SmolLM2-135M. int8 per-row rounds
 each weight to 1/254 of its row's range: we measured ~0.01 nats and
 require < 0.05; int4 in groups of 32 (1/15 of a group's range) measured
 ~0.2 nats and must stay < 0.6 (a 135M-parameter model is small, so it
@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import labkit
+import labkit.quantize as quantize_module
 from tiny_models import tiny_hf_model
 from labkit.quantize import (INT4_KERNEL_MAX_ROWS, PROMPTS, Int4Linear, Int8Linear, measure_quality,
                              kl_divergence, quantize)
@@ -84,7 +85,7 @@ def test_int8_layer_rounding_and_kernel():
     assert torch.allclose(layer(x), ref, atol=1e-4)
     xb = x.bfloat16()
     layer16 = Int8Linear(w, b, torch.bfloat16)
-    # bf16 keeps 8 bits of mantissa: the error is a fraction of a percent of the outputs' size.
+    # bf16 keeps 8 significand bits (~2.4 digits): the error is a fraction of a percent of the outputs' size.
     assert (layer16(xb).float() - ref).abs().max() < 0.02 * ref.abs().max()
 
 
@@ -224,3 +225,41 @@ def test_int4_long_prefill(kind):
 def test_bad_scheme(model):
     with pytest.raises(ValueError):
         quantize(model, "int3")
+
+
+# -- what the bundled model holds, and counting it -----------------------------------
+
+def test_distinct_values_per_block():
+    w = torch.arange(64.0).repeat(3, 1)                   # (3, 64): every value distinct
+    assert torch.equal(quantize_module.distinct_values_per_block(w, 32), torch.full((3, 2), 32))
+    w[:, :32] = (torch.arange(32) % 5).float()             # 5 levels in the first block
+    assert torch.equal(quantize_module.distinct_values_per_block(w, 32)[:, 0], torch.full((3,), 5))
+    assert torch.equal(quantize_module.distinct_values_per_block(torch.zeros(2, 8), 4), torch.ones(2, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="block_size"):
+        quantize_module.distinct_values_per_block(torch.zeros(2, 40), 32)
+    with pytest.raises(ValueError, match="block_size"):
+        quantize_module.distinct_values_per_block(torch.zeros(2, 40), 0)
+
+
+def test_default_model_is_q4_1_and_int4_reproduces_it(model):
+    """The bundled model's projections are de-quantised Q4_1 blocks of 32 (<= 16
+    values each), and labkit's int4 (groups of 32, min and scale, fp32 scales)
+    stores each of them exactly: re-quantizing them loses nothing."""
+    table = model.hf.get_input_embeddings().weight
+    for name, p in model.hf.named_parameters():
+        if p.dim() != 2 or p is table:
+            continue
+        w = p.detach()
+        assert int(quantize_module.distinct_values_per_block(w, 32).max()) <= 16, name
+        assert torch.equal(Int4Linear(w, None, torch.float32).dequantize(), w), name
+    # The embedding table / LM head is Q8_0: not 4-bit, so int4 changes it.
+    head = Int4Linear(table.detach()[:4096], None, torch.float32)
+    assert (head.dequantize() - table[:4096]).abs().max() > 1e-3
+
+
+def test_n_params_counts_quantized_weights_once(model, int8):
+    assert int8.n_params == model.n_params                # tied head: the table's parameters, once
+    assert "135M params" in repr(int8)
+    assert quantized(model, "int4").n_params == model.n_params
+    tiny = labkit.Model(tiny_hf_model("llama"))           # untied LM head: counted as its own matrix
+    assert quantize(tiny, "int8", dtype=torch.float32).n_params == tiny.n_params

@@ -247,11 +247,13 @@ class Decoder:
     prompt: text, a conversation, an Encoding or token ids (as generate).
     record: each Step keeps its token's attention row (the by-hand path).
     stop / stop_at_eos: end at a stop string (the text is cut before it) / at EOS.
+    kv_dtype: None (the model's dtype) or "int8" (labkit.kv_quant).
     """
 
     def __init__(self, model, prompt, max_new_tokens: int = 32, params: SamplingParams | None = None, *,
                  use_cache: bool = True, record: bool = False, stop: list[str] | str | None = None,
-                 stop_at_eos: bool = True, chat: bool = False, system: str | None = None):
+                 stop_at_eos: bool = True, chat: bool = False, system: str | None = None,
+                 kv_dtype: str | None = None):
         self.requested_at = time.perf_counter()    # the request: TTFT and every Step.at_s count from here
         self.model, self.max_new_tokens, self.record = model, max_new_tokens, record
         self.params = params or SamplingParams()
@@ -264,7 +266,8 @@ class Decoder:
         self.eos = eos_ids(model) if stop_at_eos else set()
         self.generator = make_generator(self.params.seed, model.device)
         # Room for the prompt and every new token; none when no token is asked for.
-        self.cache = model.new_cache(max_len=len(ids) + max_new_tokens) if use_cache and max_new_tokens else None
+        self.cache = (model.new_cache(max_len=len(ids) + max_new_tokens, kv_dtype=kv_dtype)
+                      if use_cache and max_new_tokens else None)
         self.generation = Generation(text, ids.tolist(), cache=self.cache, tokenize_s=tokenize_s)
         self.last_logits: torch.Tensor | None = None   # (vocab,): the logits the last token came from
         self.last_probs: torch.Tensor | None = None    # (vocab,): the distribution it was drawn from
@@ -359,7 +362,7 @@ def generate(model, prompt, max_new_tokens: int = 32, method: str = "greedy", *,
              params: SamplingParams | None = None, use_cache: bool = True,
              stop: list[str] | str | None = None, on_token: Callable[[str, Step], None] | None = None,
              chat: bool = False, system: str | None = None, num_beams: int = 4, record: bool = False,
-             stop_at_eos: bool = True) -> Generation:
+             stop_at_eos: bool = True, kv_dtype: str | None = None) -> Generation:
     """Generate a continuation of `prompt`.
 
     prompt: text, a conversation (list of {"role", "content"}), an Encoding, or token ids.
@@ -369,13 +372,17 @@ def generate(model, prompt, max_new_tokens: int = 32, method: str = "greedy", *,
     stop: stop strings; generation ends once the text contains one (it is cut off).
     on_token: called as on_token(piece, step) for each step, pieces never split a character.
     record: keep each step's attention row (and the prefill's Trace); uses the by-hand path.
+    kv_dtype: None keeps the KV cache in the model's dtype; "int8" quantizes it (labkit.kv_quant).
     """
+    if method == "beam" and params is None and kv_dtype is not None:
+        raise ValueError(f"kv_dtype={kv_dtype!r} is not supported with method='beam' (beam search keeps "
+                         f"its cache in the model's dtype); use kv_dtype=None")
     if method == "beam" and params is None:
         return beam_search(model, prompt, max_new_tokens, num_beams, chat=chat, system=system,
                            stop_at_eos=stop_at_eos, on_token=on_token)
     params = params or SamplingParams(method, temperature, top_k, top_p, min_p, repetition_penalty, seed)
     decoder = Decoder(model, prompt, max_new_tokens, params, use_cache=use_cache, record=record, stop=stop,
-                      stop_at_eos=stop_at_eos, chat=chat, system=system)
+                      stop_at_eos=stop_at_eos, chat=chat, system=system, kv_dtype=kv_dtype)
     while (step := decoder.step()) is not None:
         if on_token:
             on_token(step.text, step)

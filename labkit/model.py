@@ -243,11 +243,18 @@ class Model:
                 f"x {config.head_dim}, vocab {config.vocab_size}, {self.n_params / 1e6:.0f}M params, "
                 f"{self.dtype}, {self.device})")
 
-    def new_cache(self, max_len: int = 1024, batch_size: int = 1) -> KVCache:
-        """An empty KV cache for up to max_len positions, on the model's device and dtype."""
+    def new_cache(self, max_len: int = 1024, batch_size: int = 1, kv_dtype: str | None = None) -> KVCache:
+        """An empty KV cache for up to max_len positions, on the model's device
+        and dtype; kv_dtype="int8" stores it in int8 (labkit.kv_quant)."""
         config = self.config
+        if kv_dtype not in (None, "int8"):
+            raise ValueError(f"kv_dtype must be None (the model's dtype) or 'int8', got {kv_dtype!r}")
         if not 1 <= max_len <= config.max_len:
             raise ValueError(f"max_len must be in [1, {config.max_len}] (the model's context), got {max_len}")
+        if kv_dtype == "int8":
+            from .kv_quant import new_int8_cache     # here, not at the top: kv_quant builds on kv_cache
+
+            return new_int8_cache(self, max_len, batch_size)
         return KVCache(config.n_layers, config.n_kv_heads, config.head_dim, max_len, batch_size=batch_size,
                        dtype=self.dtype, device=self.device)
 

@@ -57,9 +57,9 @@ EXPECT: dict[str, Expect] = {
     "06_kv_cache": Expect(charts=10, controls=12, interactions=(Click("step", changes=4),
                                                               Slide("prompt length (tokens)", -4, changes=2))),
     "07_prefill_vs_decode": Expect(charts=5),
-    "08_precision": Expect(charts=3),
-    "09_faster_decoding": Expect(charts=3),
-    "10_serving": Expect(charts=4),
+    "08_precision": Expect(charts=1),
+    "09_faster_decoding": Expect(charts=2),
+    "10_serving": Expect(charts=3),
     # the lecture dashboard: a step redraws all five charts
     "11_dashboard": Expect(charts=5, controls=13, interactions=(Click("step", changes=5),)),
 }

@@ -2,8 +2,9 @@
 the rejection-sampling rule.
 
 A decode step reads every weight to produce one token, and on most machines
-it is limited by memory bandwidth, not arithmetic: checking 6 tokens in one
-forward pass costs little more than producing 1. Speculative decoding uses
+it is limited by memory bandwidth, not arithmetic: on a GPU, checking 6
+tokens in one forward pass costs little more than producing 1 (on a small
+CPU, about twice as much: notebook 09 measures it). Speculative decoding uses
 that. Something cheap guesses the next few tokens (the draft); one forward
 pass of the real (target) model over [last token, draft...] gives the
 target's own distribution after each of them; the guesses are kept up to the

@@ -23,13 +23,14 @@
 #
 # | technique | what it cuts | checked here |
 # | --- | --- | --- |
-# | **FlashAttention**: tiles and an online softmax (在线 softmax) | the T × T score matrix of a prefill is never stored | equal to ordinary attention; scores held, counted |
+# | **FlashAttention**: tiles (分块) and an online softmax (在线 softmax) | the T × T score matrix of a prefill is never stored | equal to ordinary attention; scores held, counted |
 # | **CUDA graphs** | the fixed cost of launching each of a step's hundreds of operations | operations counted, their fixed cost measured; eager vs graph on a GPU |
 # | **speculative decoding** (投机解码) | the number of sequential forward passes of the big model | prompt lookup (greedy, identical output) and a draft model (草稿模型) with the rejection-sampling rule (sampled output, the same distribution) |
 #
-# Timings depend on the machine and on who else is using it: they are printed, not
-# asserted. What must hold everywhere (equal results, identical tokens, counts of tiles,
-# operations and forward passes) is asserted. Terms: [Glossary · 术语表](../docs/glossary.md).
+# Timings depend on the machine and on who else is using it: they are printed, and
+# asserted only where the text rests on one, with a wide margin. What must hold
+# everywhere (equal results, identical tokens, counts of tiles, operations and forward
+# passes) is asserted exactly. Terms: [Glossary · 术语表](../docs/glossary.md).
 
 # %%
 # On Colab only: install labkit and the bundled offline model (elsewhere they are already installed).
@@ -57,11 +58,12 @@ print("measuring on:", timing.device_label(model))
 # %% [markdown]
 # ## 1. FlashAttention: attention without the score matrix
 #
-# Ordinary attention computes S = QKᵀ/√d, a T × T matrix per attention head (注意力头),
-# softmaxes each row, then multiplies by V. A GPU writes S to its large, slow memory
-# (HBM) and reads it back, more than once. FlashAttention (Dao et al., 2022) never stores
-# S: it walks over the keys in blocks and keeps, for each query row, a running maximum
-# *m*, a running sum *l* of exp(score − m), and a running weighted sum of V. When a new
+# Ordinary attention computes the **score matrix** (注意力分数矩阵) S = QKᵀ/√d, a T × T
+# matrix per attention head (注意力头), softmaxes each row, then multiplies by V. A GPU
+# writes S to its large, slow high-bandwidth memory (HBM, 高带宽内存) and reads it back,
+# more than once. FlashAttention (Dao et al., 2022) never stores S: it walks over the
+# keys in blocks and keeps, for each query row, a running maximum *m*, a running sum *l*
+# of exp(score − m), and a running weighted sum of V. When a new
 # block raises the maximum, the old sums are rescaled by exp(m_old − m_new). That is the
 # **online softmax** (在线 softmax; Milakov and Gimelshein, 2018): one pass, exact, a
 # block at a time. First on one row of 10 scores, read in blocks of 3:
@@ -128,11 +130,11 @@ for n in (512, 2048, 8192, 32768):
 # %% [markdown]
 # So FlashAttention's saving (never writing the T × T matrix to slow memory and reading it
 # back) grows with the square of the prompt: it is a **prefill** (and training)
-# optimisation first. A decode step reads the KV cache (2 × T × head size per KV head)
-# whatever the kernel; its problem on a GPU is different: one query row is too little
-# work to keep every multiprocessor busy. **Flash-Decoding** (Dao, Haziza, Massa and
-# Sizov, 2023) answers that by splitting the *keys* across thread blocks and merging the
-# partial softmaxes with the same rescaling rule as above.
+# optimisation first. A decode step reads the KV cache (2 × T × head size values per KV
+# head and layer) whatever the kernel; its problem on a GPU is different: one query row
+# is too little work to keep every multiprocessor busy. **Flash-Decoding** (Dao, Haziza,
+# Massa and Sizov, 2023) answers that by splitting the *keys* across thread blocks and
+# merging the partial softmaxes with the same rescaling rule as above.
 #
 # > **Course-notes errata · 课程笔记勘误.** The notes say FlashAttention targets decode. In
 # > fact FlashAttention (Dao et al. 2022) was designed for training and prefill-shaped
@@ -162,7 +164,8 @@ assert flash_gen.token_ids == greedy_gen.token_ids
 # And the speed? Here, none: a Python loop over tiles is slower than PyTorch's fused
 # kernel. FlashAttention is fast because the loop runs *inside one GPU kernel*, with the
 # tile in on-chip SRAM: on an A100, 192 KB per streaming multiprocessor, 108 of them
-# (about 20 MB in all), against 40–80 GB of HBM (the figures of Dao et al. 2022, §2.1).
+# (about 20 MB in all, read at about 19 TB/s), against 40–80 GB of HBM read at
+# 1.5–2.0 TB/s (the figures of Dao et al. 2022, §2.1).
 # What this section shows is the part that makes that possible: the online softmax gives
 # the exact result from one tile at a time.
 
@@ -179,10 +182,11 @@ print(f"PyTorch's fused kernel: {sdpa_t.median * 1e3:.1f} ms; our Python tiles: 
 #
 # A decode step of a small model is hundreds of small operations (matrix products,
 # norms, RoPE, the cache update...). Each has a **fixed cost** that does not depend on
-# its size: Python, PyTorch's dispatcher, and on a GPU the kernel launch. On a GPU a
-# 135 M-parameter model's decode step reads its weights in a fraction of a millisecond,
-# so the launches can take longer than the work; the GPU waits for the CPU. A **CUDA
-# graph** records the launches of one step once and replays them all with one call
+# its size: Python, PyTorch's dispatcher, and on a GPU the **kernel launch overhead**
+# (内核启动开销). On a data-centre GPU a 135 M-parameter model's decode step reads its
+# weights in a fraction of a millisecond (exercise 5), so the launches can take longer
+# than the work; the GPU waits for the CPU. A **CUDA graph** (CUDA 图) records the
+# launches of one step once and replays them all with one call
 # (`labkit.cuda_graphs.GraphDecoder`).
 #
 # `cuda_graphs.launch_overhead(model)` measures the pieces on any device: it counts the
@@ -199,9 +203,11 @@ print("most frequent:", ", ".join(f"{name} {n}" for name, n in lo.ops.by_name.mo
 print(f"a bare operation: {lo.per_op_s * 1e6:.1f} µs; inside the model's code: {lo.per_op_in_model_s * 1e6:.1f} µs each")
 print(f"decode step: {lo.step_s * 1e3:.1f} ms; its skeleton (the same operations, no work): "
       f"{lo.skeleton_step_s * 1e3:.1f} ms = {lo.skeleton_fraction:.0%} of the step ({timing.device_label(model)})")
-# Counted: a fixed number of operations per block.
+# Counted: a fixed number of operations per block, and the skeleton dispatches exactly the same ones.
 assert lo.ops.kernels > 10 * c.n_layers
-# On a CPU the skeleton measured 4-8 % of the step (a busy 2-core machine): half is a wide
+skeleton_ops, _ = cuda_graphs.measure_decode_step(cuda_graphs.skeleton(model), context=32, repeats=1)
+assert skeleton_ops.by_name == lo.ops.by_name
+# On a CPU the skeleton measured 4-13 % of the step (a busy 2-core machine): half is a wide
 # margin for "a small part". A GPU is the opposite case, hence no bound there.
 assert lo.skeleton_fraction < 0.5 or torch.cuda.is_available()
 # Timed, with a wide margin: the skeleton does the same operations on tensors 32x narrower
@@ -209,10 +215,11 @@ assert lo.skeleton_fraction < 0.5 or torch.cuda.is_available()
 assert lo.skeleton_step_s < lo.step_s
 
 # %% [markdown]
-# On a CPU the fixed cost is a small part of the step: the step is dominated by reading
-# about 540 MB of weights. On a GPU the weights are read in a fraction of a millisecond,
-# while each of the hundreds of launches costs microseconds: there the fixed cost can be
-# most of the step (exercise 5 estimates it), and the graph removes it. On a GPU, this cell measures eager against replayed:
+# On a CPU the fixed cost is a small part of the step: the step is dominated by the
+# matrix products over about 540 MB of fp32 weights. On a data-centre GPU the weights are
+# read in a fraction of a millisecond, while each of the hundreds of launches costs
+# microseconds: there the fixed cost can be most of the step (exercise 5 estimates it),
+# and the graph removes it. On a GPU, this cell measures eager against replayed:
 
 # %%
 if torch.cuda.is_available():
@@ -223,24 +230,25 @@ if torch.cuda.is_available():
           f"-> {eager.tpot_s / graphed.tpot_s:.1f}x ({timing.device_label(model)})")
     assert graphed.token_ids == eager.token_ids
 else:
-    print(f"no GPU here: the most a graph could save on this machine is the skeleton's "
-          f"{lo.skeleton_fraction:.0%} of a step")
+    print(f"no GPU here, and CUDA graphs need one; on this machine, replaying a step without its "
+          f"per-operation fixed cost could save at most the skeleton's {lo.skeleton_fraction:.0%} of a step")
 
 # %% [markdown]
 # ## 3. Speculative decoding (投机解码)
 #
 # A decode step is bound by reading the weights, not by arithmetic, so checking *several*
 # tokens in one forward pass costs little more than producing one (notebook 07: a short
-# prefill is memory-bound too). Speculative decoding uses that: something cheap
-# **drafts** the next few tokens, one forward pass of the model (the **target**) over
-# `[last token, draft…]` gives the target's distribution after each of them, a prefix of
-# the draft is kept, and one token of the target's own is added. Every pass yields at
+# prefill is memory-bound too; on this CPU less so, section 3b measures it). Speculative
+# decoding uses that: something cheap **drafts** the next few tokens, one forward pass of
+# the model (the **target**, 目标模型) over `[last token, draft…]` gives the target's
+# distribution after each of them, a prefix of the draft is kept, and one token of the
+# target's own is added. Every pass yields at
 # least one token, and often several.
 #
 # ### 3a. Prompt lookup: a drafter with no model
 #
-# **Prompt lookup** (n-gram drafting): find the last place the most recent few tokens
-# occurred, in the prompt or the text so far, and propose what followed them. Answers
+# **Prompt lookup** (提示查找; n-gram drafting): find the last place the most recent few
+# tokens occurred, in the prompt or the text so far, and propose what followed them. Answers
 # that copy from the prompt (quoting, editing, summarising, code) are full of such runs.
 
 # %%
@@ -257,7 +265,9 @@ assert model.tokenizer.decode(draft).startswith(" bread")
 # With greedy decoding (贪婪采样) the rule is simple: keep each draft token while it is
 # the target's argmax. Rejected draft tokens were written into the KV cache by the
 # verifying pass; `cache.truncate(length)` forgets them. Every kept token is the target's
-# own argmax, so the output must be exactly greedy decoding's:
+# own argmax, so the output is greedy decoding's, token for token (in fp32; a pass over
+# several tokens adds in another order, so a near-tie between two logits could in
+# principle flip). The **acceptance rate** (接受率) is the share of drafted tokens kept:
 
 # %%
 N = 24
@@ -295,30 +305,32 @@ assert spec_open.tokens_per_pass < spec_gen.tokens_per_pass
 #
 # Greedy verification only works for greedy decoding. To *sample* (随机采样) faster, a
 # small **draft model** (草稿模型) with distribution q proposes γ tokens, each sampled from
-# q; the target's one pass gives its distribution p at each of them; then, left to right
-# (Leviathan et al. 2023; Chen et al. 2023):
+# q; the target's one pass gives its distribution p at each of them; then, left to right,
+# the **rejection-sampling** (拒绝采样) rule of Leviathan et al. 2023 and Chen et al. 2023:
 #
 # 1. accept draft token x with probability min(1, p(x) / q(x));
-# 2. at the first rejection, draw the token from the **residual** norm(max(0, p − q)) and
-#    stop;
-# 3. if all γ are accepted, draw a **bonus** token from p after the last one.
+# 2. at the first rejection, draw the token from the **residual** distribution (残差分布)
+#    norm(max(0, p − q)) and stop;
+# 3. if all γ are accepted, draw a **bonus** token (额外词元) from p after the last one.
 #
 # A token then comes out as x with probability min(p(x), q(x)) (drafted and accepted) plus
 # max(0, p(x) − q(x)) (the residual's share of the rejections): p(x), exactly. The output
 # is distributed as the target's own sampling, whatever the draft; a bad draft only costs
-# speed. `tests/test_speculative.py` checks this with a chi-square test on real sampled
-# runs, and checks that broken rules (accepting every draft token, redrawing from p
+# speed. `tests/test_speculative.py` checks this with a chi-square test (卡方检验) on real
+# sampled runs, and checks that broken rules (accepting every draft token, redrawing from p
 # instead of the residual, a bonus from q) fail the same test.
 #
 # The chance that a draft token is accepted at one position is Σₓ min(p(x), q(x)); its
 # mean over positions is the **acceptance rate α**. There is no second model in this
 # course, so we try two honest drafts made from the target itself and measure α for each
-# on one sampled text (teacher-forced: one forward pass per model):
+# on one sampled text (teacher-forced: each model reads that same text in one forward
+# pass, and we compare their distributions at every position):
 #
-# - **early exit**: the target's first k of 30 blocks, then its own final norm and LM
-#   head (`speculative.early_exit`; it shares every weight);
-# - the target **quantized to int8** (`labkit.quantize`, notebook 08): every block,
-#   a quarter of the bytes.
+# - **early exit** (早退): the target's first k of 30 blocks, then its own final norm and
+#   LM head (`speculative.early_exit`; it shares every weight);
+# - the target **quantized to int8** (`labkit.quantize`, notebook 08): every block and the
+#   LM head, about a quarter of the bytes a step reads (on a CPU `quantize` also runs the
+#   activations in bf16, its default there).
 
 # %%
 int8 = quantize.quantize(model, "int8")
@@ -341,6 +353,7 @@ for name in drafts:
           f"{speculative.expected_tokens_per_pass(alphas[name], GAMMA):20.2f}  "
           f"{speculative.expected_speedup(alphas[name], GAMMA, cost_bytes[name]):.2f}x")
 assert alphas["int8 copy"] > 0.85 > max(alphas[n] for n in drafts if n.startswith("early"))
+assert cost_bytes["int8 copy"] < min(cost_bytes[n] for n in drafts if n.startswith("early"))
 assert speculative.expected_speedup(alphas["int8 copy"], GAMMA, cost_bytes["int8 copy"]) > 1
 
 # %% [markdown]
@@ -351,13 +364,16 @@ assert speculative.expected_speedup(alphas["int8 copy"], GAMMA, cost_bytes["int8
 # divided by (γ·c + 1), where c = a draft step's cost / a target step's (here estimated
 # by the bytes each step reads).
 #
-# Early exit is cheap but wrong: the first layers of an untrained-for-it model predict
-# the next token badly (LayerSkip, Elhoushi et al. 2024, *trains* the model for early
-# exit). The int8 copy agrees with the target nearly always: it is our draft. Before the
+# Early exit costs no extra memory but guesses badly, and here it is not even cheap: every
+# depth reads the whole LM head (tied to the embedding matrix), so each reads more bytes
+# per step than the int8 copy (the table). The first layers of a model not trained for it
+# predict the next token badly (LayerSkip, Elhoushi et al. 2024, *trains* the model for
+# early exit). The int8 copy agrees with the target nearly always: it is our draft. Before the
 # real run, the rule itself, with the 28-layer draft at the position of the story where
 # its acceptance probability is nearest 50 % (so both branches are taken often): 4,000
-# draws of "draft x ~ q, then `speculative.verify`", against the target's p, and against
-# what accepting every draft token would give (q itself):
+# draws of "draft x ~ q, then `speculative.verify`", compared with the target's p by the
+# **total variation distance** (全变差距离, half the summed absolute difference), and
+# against what accepting every draft token would give (q itself):
 
 # %%
 EE = f"early exit, 28 of {c.n_layers} layers"
@@ -374,7 +390,8 @@ print(f"position {pos} of the story: acceptance probability {float(speculative.a
 print(f"total variation distance from the target's p: with the rule {tv_rule:.3f}; "
       f"accepting every draft (= q) {tv_accept_all:.3f}")
 # The rule's empirical distribution is p up to sampling noise (0.01-0.05 for 4,000 draws of
-# distributions like these); accepting every draft token gives q, 1 - alpha (about 0.5) away.
+# distributions like these); accepting every draft token gives q, 1 - (acceptance probability),
+# about 0.5, away.
 assert tv_rule < 0.1 < 0.3 < tv_accept_all
 
 # %% [markdown]
@@ -389,8 +406,10 @@ spec_s = speculative.speculative_sample(model, int8, STORY, max_new_tokens=N_SAM
                                         params=params, seed=0)
 print(repr(spec_s.text))
 alpha_run = sum(a for r in spec_s.rounds for a in r.accept_probs) / sum(len(r.accept_probs) for r in spec_s.rounds)
-draft_steps = sum(len(r.draft) for r in spec_s.rounds)
-c_measured = sum(r.draft_seconds for r in spec_s.rounds) / draft_steps / plain_s.tpot_s
+# A draft step against a target decode step. Round 0 is left out: its first draft step is
+# the draft model's prefill of the whole prompt, not a decode step.
+draft_steps = sum(len(r.draft) for r in spec_s.rounds[1:])
+c_measured = sum(r.draft_seconds for r in spec_s.rounds[1:]) / draft_steps / plain_s.tpot_s
 print(f"{len(spec_s.token_ids)} tokens in {spec_s.forward_passes} target passes: "
       f"{spec_s.tokens_per_pass:.2f} tokens per pass "
       f"(expected from alpha = {alpha_run:.3f}: {speculative.expected_tokens_per_pass(alpha_run, GAMMA):.2f})")
@@ -446,7 +465,7 @@ print(f"draft model (int8)    forward passes   {spec_s.forward_passes} for {len(
 #   matrix of a prefill (and of training). Decode has one query row; Flash-Decoding splits
 #   its keys instead.
 # - **CUDA graphs** remove the fixed cost of launching a step's hundreds of operations one
-#   by one: small on a CPU, most of a small model's step on a GPU.
+#   by one: small on a CPU; on a GPU it can be most of a small model's step (exercise 5).
 # - **Speculative decoding** turns several sequential decode steps into one forward pass
 #   when the drafts are right. Greedy: keep the draft while it is the argmax (prompt
 #   lookup drafts for free). Sampling: accept with min(1, p/q), resample from the
@@ -464,13 +483,14 @@ print(f"draft model (int8)    forward passes   {spec_s.forward_passes} for {len(
 # 3. With α = 0.8 and a draft costing c = 0.25 of a target step, compute the expected
 #    tokens per pass and the speed-up for γ = 4 with `speculative.expected_tokens_per_pass`
 #    and `speculative.expected_speedup`. Which γ from 1 to 10 gives the largest speed-up?
-# 4. Call `speculative.speculative_generate` on the copying prompt with `num_draft` 1, 3, 5
-#    and 10. Print tokens per pass and the acceptance rate. Why does a longer draft not
-#    always help?
+# 4. Call `speculative.speculative_generate` on the copying prompt (`COPY_PROMPT`,
+#    `chat=True`, 24 new tokens) with `num_draft` 1, 3, 5 and 10. Print the forward passes,
+#    the tokens per pass, the acceptance rate and the end-to-end time. How much does each
+#    longer draft save? Why does a longer draft not always help?
 # 5. Section 2 counted the computing operations of one decode step. If each kernel launch
 #    cost 5 µs on a GPU, how long would one step's launches take? Compare with the time to
-#    read the model's weights (`model.weight_nbytes`) at 3.35 TB/s (an H100 SXM's HBM3
-#    bandwidth).
+#    read the model's weights (`model.weight_nbytes`) at 3.35 TB/s (the HBM3 bandwidth of
+#    an H100 SXM, 80 GB, in NVIDIA's H100 datasheet).
 #
 # ## Further reading
 #

@@ -2,8 +2,8 @@
 
 Each `**Answer N:**` line of the key is parsed and checked against a formula
 written out here (tile counts, score bytes, Leviathan et al.'s expected tokens
-per pass), the model's config, and the operations counted on the model, so that
-the key cannot silently go wrong.
+per pass), the model's config, and the operations and forward passes counted on
+the model, so that the key cannot silently go wrong.
 """
 
 import re
@@ -60,6 +60,24 @@ def test_answer_3_expected_speedup():
     speedups = {g: sum(alpha ** i for i in range(g + 1)) / (g * c + 1) for g in range(1, 11)}
     assert best_gamma == max(speedups, key=speedups.get)
     assert best == pytest.approx(speedups[best_gamma], abs=1e-3)
+
+
+# The copying prompt of notebook 09, section 3a.
+COPY_PROMPT = ("Change the name Alice to Bob in this text: Alice went to the market on Monday. "
+               "Alice bought bread, milk and eggs. Then Alice walked home with her friend.")
+
+
+def test_answer_4_counted(model):
+    from labkit import speculative
+
+    values = [int(x) for x in numbers(answer(4))]
+    passes, accepted, drafted = values[0:4], values[4:8], values[8:12]
+    assert len(values) == 12
+    for i, num_draft in enumerate((1, 3, 5, 10)):
+        gen = speculative.speculative_generate(model, COPY_PROMPT, max_new_tokens=24, chat=True,
+                                               num_draft=num_draft)
+        assert len(gen.token_ids) == 24
+        assert (gen.forward_passes, gen.accepted, gen.drafted) == (passes[i], accepted[i], drafted[i])
 
 
 def test_answer_5_launches(model):

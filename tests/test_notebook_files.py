@@ -166,6 +166,62 @@ def test_notebook_kernel_and_no_outputs(stem: str) -> None:
     assert not problems, "\n".join(problems)
 
 
+ROOT = NOTEBOOK_DIR.parent
+ANSWERS_DIR = ROOT / "docs" / "answers"
+
+
+def teaching_problems(py: Path, answers_dir: Path) -> list[str]:
+    """A notebook that does not link the glossary, or has exercises and no
+    instructor's answer key (docs/answers/NN_name.md)."""
+    text = py.read_text(encoding="utf-8")
+    problems = []
+    if "../docs/glossary.md" not in text:
+        problems.append(f"{py.stem}: no link to the glossary (../docs/glossary.md)")
+    if "## Exercises" in text and not (answers_dir / f"{py.stem}.md").exists():
+        problems.append(f"{py.stem}: has exercises but no answer key {answers_dir.name}/{py.stem}.md")
+    return problems
+
+
+def broken_notebook_links(files: list[Path], folder: Path) -> list[str]:
+    """Links to notebooks (NN_name.ipynb) that do not exist: what a renumbering leaves behind."""
+    import re
+
+    existing = {p.name for p in folder.glob("*.ipynb")}
+    problems = []
+    for f in files:
+        for name in sorted(set(re.findall(r"\b(\d\d_[A-Za-z0-9_]+\.ipynb)", f.read_text(encoding="utf-8")))):
+            if name not in existing:
+                problems.append(f"{f.relative_to(f.parents[1])}: links {name}, which does not exist")
+    return problems
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_notebook_links_glossary_and_has_an_answer_key(stem: str) -> None:
+    problems = teaching_problems(NOTEBOOK_DIR / f"{stem}.py", ANSWERS_DIR)
+    assert not problems, "\n".join(problems)
+
+
+def test_every_link_to_a_notebook_resolves() -> None:
+    files = ([ROOT / "README.md", ROOT / "Makefile"] + sorted(NOTEBOOK_DIR.glob("*.py"))
+             + sorted((ROOT / "docs").rglob("*.md")) + sorted((ROOT / "labkit").glob("*.py"))
+             + sorted((ROOT / "tests" / "browser").glob("*.py")))
+    problems = broken_notebook_links(files, NOTEBOOK_DIR)
+    assert not problems, "\n".join(problems)
+
+
+def test_teaching_checks_catch_a_missing_key_and_a_dead_link(tmp_path: Path) -> None:
+    nb = tmp_path / "nb"
+    nb.mkdir()
+    (nb / "05_demo.py").write_text("# ## Exercises\n# 1. Why?\n", encoding="utf-8")
+    (nb / "05_demo.ipynb").write_text("{}", encoding="utf-8")
+    (tmp_path / "answers").mkdir()
+    problems = teaching_problems(nb / "05_demo.py", tmp_path / "answers")
+    assert any("glossary" in p for p in problems) and any("answer key" in p for p in problems)
+    (tmp_path / "README.md").write_text("see [x](notebooks/05_demo.ipynb), [y](notebooks/09_gone.ipynb)")
+    assert broken_notebook_links([tmp_path / "README.md"], nb) == [
+        f"{tmp_path.name}/README.md: links 09_gone.ipynb, which does not exist"]
+
+
 # --- self-tests: the checks catch what they should ----------------------------
 
 

@@ -311,8 +311,9 @@ assert torch.allclose(pe[40, :2], torch.tensor([math.sin(40), math.cos(40)]), at
 # %%
 angles = labkit.model_rope_angles(model, torch.arange(T))   # (T, hs/2)
 angles = torch.cat([angles, angles], dim=-1)                # (T, hs): pairs (i, i + hs/2) share an angle
-q = apply_rope(q, angles.cos(), angles.sin())
-k = apply_rope(k, angles.cos(), angles.sin())
+cos, sin = (f(angles).to(q.device, q.dtype) for f in (torch.cos, torch.sin))   # as q: GPU, bf16
+q = apply_rope(q, cos, sin)
+k = apply_rope(k, cos, sin)
 print(f"angles {tuple(angles.shape)}; the last token (position {T - 1}) turns its first pair by "
       f"{angles[-1, 0]:.2f} rad and its last pair by {angles[-1, c.head_dim // 2 - 1]:.5f} rad")
 
@@ -618,7 +619,7 @@ head_after, grid_after = explorer.figures()
 assert f"layer 0, head {c.n_heads - 1}" in head_after.layout.title.text
 assert not np.array_equal(head_after.data[0].z, head_before.data[0].z)   # a different pattern is drawn
 assert grid_after.layout.title.text != grid_before.layout.title.text  # the grid shows layer 0 now
-assert np.allclose(np.asarray(head_after.data[0].z, dtype=float), explorer.pattern().float().numpy(), atol=1e-6)
+assert np.allclose(np.asarray(head_after.data[0].z, dtype=float), explorer.pattern().float().cpu().numpy(), atol=1e-6)
 print(f"now showing layer {explorer.selectors.layer.value}, head {explorer.selectors.head.value}")
 
 # %% [markdown]

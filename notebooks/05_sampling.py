@@ -69,7 +69,8 @@ model
 # %%
 PROMPT = "The capital of France is"
 
-logits = model.forward(labkit.encode(model, PROMPT).ids)[-1]      # (vocab,): scores for the next token
+# (vocab,): scores for the next token, in fp32 (on a GPU the model runs in bf16, too coarse for sums of probabilities)
+logits = model.forward(labkit.encode(model, PROMPT).ids)[-1].float()
 probs = logits.softmax(-1)
 top = probs.topk(8)
 print(", ".join(f"{t!r} {p:.3f}" for t, p in zip(labkit.token_strings(tok, top.indices), top.values.tolist())))
@@ -96,8 +97,9 @@ assert greedy.text.startswith(" Paris.")
 #
 # Always taking the single most likely token tends to fall into loops: once a
 # phrase has been said, saying it again becomes likely, and greedy has no way
-# out. The course shows this with GPT-2; the model here does it too. Let it
-# continue "I am a":
+# out. GPT-2, the course's example model, is the classic case (the Hugging Face
+# blog in the further reading shows it looping); the model here does it too. Let
+# it continue "I am a":
 
 # %%
 LOOP_PROMPT = "I am a"
@@ -133,15 +135,17 @@ assert second > first       # more certain once the loop has started
 # a negative logit divided by 1.2 moves *up*, towards zero. The rule most libraries
 # use, and labkit with them, is Hugging Face's (transformers'
 # `RepetitionPenaltyLogitsProcessor`): divide a positive logit by the penalty,
-# **multiply** a negative one by it, so the token always becomes less likely. This
-# model has plenty of negative logits, so the difference is real:
+# **multiply** a negative one by it, so the token always becomes less likely. Most
+# of this model's logits are negative, so the difference is real:
 
 # %%
 seen = torch.tensor([int(logits.argmax()), int(logits.argmin())])   # one positive logit, one negative
 penalised = apply_repetition_penalty(logits, seen, 1.2)
 print(f"logits {logits[seen].tolist()} -> Hugging Face's rule {penalised[seen].tolist()}, "
       f"CTRL's division {(logits[seen] / 1.2).tolist()}")
-assert logits[seen[0]] > 0 > logits[seen[1]]
+negative_share = float((logits < 0).float().mean())
+print(f"{negative_share:.0%} of the {logits.numel():,} logits after {PROMPT!r} are negative")
+assert negative_share > 0.5 and logits[seen[0]] > 0 > logits[seen[1]]
 assert (penalised[seen] < logits[seen]).all()              # HF's rule lowers both
 assert logits[seen[1]] / 1.2 > logits[seen[1]]              # plain division would raise the negative one
 
@@ -174,7 +178,7 @@ assert count_after < count
 # %%
 OPEN_PROMPT = "My favourite food is"
 
-open_logits = model.forward(labkit.encode(model, OPEN_PROMPT).ids)[-1]
+open_logits = model.forward(labkit.encode(model, OPEN_PROMPT).ids)[-1].float()
 before = open_logits.softmax(-1)
 top20 = before.topk(20)
 labels = labkit.token_strings(tok, top20.indices)
@@ -302,7 +306,8 @@ assert n_kept[PROMPT] < n_kept[OPEN_PROMPT]      # it adapts too
 T_HIGH = 1.5
 labkit_kept = labkit.distribution(open_logits, method="top_p", top_p=TOP_P, temperature=T_HIGH) > 0
 temperature_first = top_p_filter(open_logits / T_HIGH, TOP_P) > float("-inf")   # labkit, transformers, vLLM
-temperature_last = top_p_filter(open_logits, TOP_P) > float("-inf")             # llama.cpp's default chain
+temperature_last = top_p_filter(open_logits, TOP_P) > float("-inf")             # temperature last, as llama.cpp
+# orders its default chain (whose default settings also include top-k 40 and min-p 0.05: left out here)
 print(f"top-p = {TOP_P} at T = {T_HIGH}: temperature first keeps {int(temperature_first.sum()):,} tokens, "
       f"temperature last keeps {int(temperature_last.sum()):,}; labkit keeps {int(labkit_kept.sum()):,}")
 assert torch.equal(labkit_kept, temperature_first) and not torch.equal(labkit_kept, temperature_last)
@@ -348,12 +353,12 @@ for temperature in (0.7, 1.0, 1.5):
 # - **during the search**, candidates are ranked by their **total
 #   log-probability** (the sum over their tokens). At a given step all candidates
 #   have the same length, so this is fair;
-# - **to pick the final answer**, among hypotheses that ended (at EOS) at
-#   different lengths, each is scored by **total / length ** length_penalty**
-#   (`length_penalty` = 1 by default: the mean log-probability per token). Every
-#   token adds a negative log-probability, so a longer hypothesis has a more
-#   negative total; without the division the search would favour answers that
-#   stop early.
+# - **to pick the final answer**, among the hypotheses that ended (at EOS) at
+#   different lengths and those still running at the length limit, each is
+#   scored by **total / length ** length_penalty** (`length_penalty` = 1 by
+#   default: the mean log-probability per token). Every token adds a negative
+#   log-probability, so a longer hypothesis has a more negative total; without
+#   the division the search would favour answers that stop early.
 #
 # It is deterministic, like greedy. It does `num_beams` times the FLOPs per step
 # and keeps `num_beams` times the KV cache (below); the beams run as one batch, so
@@ -368,7 +373,7 @@ beam = labkit.generate(model, PROMPT, max_new_tokens=len(greedy.token_ids), meth
 scores = {}
 for name, result in [("greedy", greedy), (f"beam search, {BEAMS} beams", beam)]:
     full = torch.tensor(result.prompt_ids + result.token_ids)
-    logp = model.forward(full).log_softmax(-1)                   # (length, vocab)
+    logp = model.forward(full).float().log_softmax(-1)           # (length, vocab)
     n = len(result.prompt_ids)
     scores[name] = sum(float(logp[n - 1 + i, t]) for i, t in enumerate(result.token_ids))
     print(f"{name:>20}: {result.text!r}\n{'':>20}  total log-probability {scores[name]:.2f} "
@@ -499,7 +504,7 @@ explorer.controls.method.value = "temperature"
 explorer.controls.temperature.value = 0.5
 fig_t = explorer.figure("distribution")
 assert not np.allclose(fig_t.data[1].y, fig_k.data[1].y)        # the sampled-from bars changed
-assert np.allclose(fig_t.data[1].y, sharp[top20.indices].numpy(), atol=1e-6)   # = temperature 0.5 above
+assert np.allclose(fig_t.data[1].y, sharp[top20.indices].cpu().numpy(), atol=1e-6)   # = temperature 0.5 above
 token = explorer.sample()
 print(f"drew {labkit.token_strings(tok, [token])[0]!r} at temperature 0.5")
 
@@ -547,9 +552,10 @@ assert list(live.figure("tokens").data[0].customdata) == live.token_ids != list(
 #   is. labkit's order: penalty → temperature → top-k → top-p → min-p → draw;
 #   engines differ (llama.cpp's chain is configurable).
 # - **Beam search** keeps several candidate sequences, ranked by total
-#   log-probability, and picks the final answer by length-normalised score; it
-#   finds likelier sequences than greedy at `num_beams` times the FLOPs and KV
-#   cache; it suits tasks with one right answer.
+#   log-probability, and picks the final answer by length-normalised score; here
+#   it found a likelier sequence than greedy (usual, not guaranteed), at
+#   `num_beams` times the FLOPs per step and the KV cache; it suits tasks with one
+#   right answer.
 # - Generation stops at the **EOS token**, at the **length limit**, or at a **stop
 #   string**.
 #

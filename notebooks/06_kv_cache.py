@@ -33,8 +33,9 @@
 # 5. generation with and without the cache side by side: the same tokens, and
 #    a saving of work that grows with the length, counted in FLOPs and timed
 #    on this machine, and what a cached step still costs;
-# 6. a slider that sets the prompt length and shows the time to first token
-#    (TTFT, 首字延迟) and the cache size.
+# 6. a slider that sets the prompt length and shows the prefill time (the
+#    largest part of the time to first token, TTFT, 首 token 时延) and the cache
+#    size.
 #
 # Terms in English and Chinese: [Glossary · 术语表](../docs/glossary.md).
 
@@ -127,8 +128,8 @@ assert cache.k.shape[2] * cache.k.shape[4] == kv_width and cache.v.shape == cach
 # step (解码) feeds *only* " Paris": its query meets the five cached keys plus
 # its own. Without the cache, all six tokens would be run again, recomputing
 # five keys and values that are already known. (They cannot have changed:
-# with the causal mask a position only sees positions before it, so nothing
-# that comes later alters its K and V.)
+# with the causal mask a position only sees itself and the positions before
+# it, so nothing that comes later alters its K and V.)
 #
 # Both ways must give the same logits:
 
@@ -393,21 +394,27 @@ charts.cache_speedup_chart(speed.lengths, speed.with_cache_s, speed.without_cach
 
 # %% [markdown]
 # On a CPU the line without the cache climbs with the length while the cached
-# step stays nearly flat. On a GPU a model this small is limited by how fast
+# step stays far below it. Its FLOPs grow by only a few percent from the
+# shortest length to the longest (the table above); a measured rise larger than
+# that comes from the machine (other jobs, caches), not from the arithmetic. On
+# a GPU a model this small is limited by how fast
 # Python can launch its hundreds of small kernels, not by arithmetic, so the
 # two lines stay close until the sequence is long: the cache's saving shows
 # there with long contexts and larger models. The FLOP count above holds
 # everywhere.
 #
-# ## 7. Prompt length: TTFT and cache size
+# ## 7. Prompt length: prefill time and cache size
 #
 # A longer prompt means a longer prefill and so a longer **time to first
-# token** (TTFT, 首字延迟), the first **latency** (延迟) a user sees, and a
-# larger cache. TTFT counts from the request; here the explorer is given token
-# ids, so there is no tokenization in it, and no queue: it is the cache
-# allocation, the prefill pass and the first sample. Move the slider: each
-# stop prefills the first *N* tokens of a long text, adds a point to the TTFT
-# chart, and redraws the cache size for MHA, GQA and MQA at that length.
+# token** (TTFT, 首 token 时延), the first **latency** (延迟) a user sees, and a
+# larger cache. TTFT counts from the request: tokenization, on a server the
+# queue, the prefill and the first sample. The explorer below times only the
+# **prefill** (预填充时间): it is given token ids, so there is no tokenization,
+# and no queue, and its clock covers the one prefill pass (not the cache
+# allocation before it). For one request on an idle machine the prefill is
+# most of TTFT; notebook 07 times each part. Move the slider: each stop prefills the first *N* tokens
+# of a long text, adds a point to the prefill-time chart, and redraws the cache
+# size for MHA, GQA and MQA at that length.
 
 # %%
 explorer = views.PromptLengthExplorer(model, measure.LONG_TEXT, length=32)
@@ -418,11 +425,11 @@ explorer
 before = explorer.figure("cache")
 explorer.slider.value = 128
 explorer.flush()
-ttft_fig, cache_fig = explorer.figures()
-print(f"TTFT at {explorer.length} tokens: {explorer.ttft[128] * 1e3:.0f} ms ({ON}); "
+prefill_fig, cache_fig = explorer.figure("prefill"), explorer.figure("cache")
+print(f"prefill of {explorer.length} tokens: {explorer.prefill_s[128] * 1e3:.0f} ms ({ON}); "
       f"KV cache {explorer.cache.nbytes / 1e6:.2f} MB")
-assert explorer.length == 128 and sorted(explorer.ttft) == [32, 128]
-assert list(ttft_fig.data[0].x) == [32, 128]
+assert explorer.length == 128 and sorted(explorer.prefill_s) == [32, 128]
+assert list(prefill_fig.data[0].x) == [32, 128]
 assert cache_fig.data[0].customdata[1] == explorer.cache.nbytes == 128 * cache.bytes_per_token
 assert before.data[0].customdata[1] == 32 * cache.bytes_per_token
 

@@ -118,3 +118,22 @@ def test_answer_5_llama3_8b_flops():
     flops = forward_flops_by_formula(32, 4096, 32, 8, 128, 14336, 128256, 1000)
     assert numbers(answer(5))[0] * 1e12 == pytest.approx(flops, rel=5e-4)
     assert flops == 15_271_723_008_000      # the exact figure the key's worked answer gives
+
+
+def test_answer_5_why_the_ratios_differ(model):
+    """The worked answer's explanation: FLOP ratio about 50, parameter ratio about 60;
+    attention 11 % of the small model's FLOPs at 1,000 tokens and under 2 % of the big one's;
+    2 x parameters x tokens over- and under-estimates as stated."""
+    c = model.config
+    small = forward_flops_by_formula(c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff,
+                                     c.vocab_size, 1000)
+    big = forward_flops_by_formula(32, 4096, 32, 8, 128, 14336, 128256, 1000)
+    big_params = 8_030_261_248                  # Llama 3 8B (embedding and LM head untied)
+    assert round(big / small) == 50 and round(big_params / model.n_params) == 60
+    att_small = c.n_layers * c.n_heads * 2 * 2 * c.head_dim * 1000 * 1001 // 2
+    att_big = 32 * 32 * 2 * 2 * 128 * 1000 * 1001 // 2
+    assert round(att_small / small, 2) == 0.11 and att_big / big < 0.02
+    assert big < 2 * big_params * 1000 and small > 2 * model.n_params * 1000
+    key = KEY.read_text(encoding="utf-8")
+    assert "16.06 TFLOP" in key and f"{2 * big_params * 1000 / 1e12:.2f}" == "16.06"
+    assert f"{2 * model.n_params * 1000 / 1e9:.1f} GFLOP" in key

@@ -39,13 +39,17 @@ def most_repeated_4gram(ids) -> int:
 
 
 def test_answer_1_penalty_breaks_loop(model):
-    stated = numbers(answer(1))                # ..., the loop's count, the penalty
-    count, penalty = stated[-2], stated[-1]
+    stated = numbers(answer(1))                # ..., the loop's count, the grid step, the penalty
+    count, step, penalty = stated[-3], stated[-2], stated[-1]
     loop = labkit.generate(model, "I am a", max_new_tokens=32)
     assert most_repeated_4gram(loop.token_ids) == count
     assert "National Science Foundation (NSF)" in loop.text
     unstuck = labkit.generate(model, "I am a", max_new_tokens=32, repetition_penalty=penalty)
     assert most_repeated_4gram(unstuck.token_ids) == 1
+    # the smallest on the grid: every step below it still loops
+    for i in range(1, round((penalty - 1) / step)):
+        below = labkit.generate(model, "I am a", max_new_tokens=32, repetition_penalty=round(1 + i * step, 2))
+        assert most_repeated_4gram(below.token_ids) == count
 
 
 def test_answer_2_temperature_half(model):

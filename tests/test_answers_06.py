@@ -10,6 +10,9 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
+
+import labkit
 
 KEY = Path(__file__).resolve().parents[1] / "docs" / "answers" / "06_kv_cache.md"
 
@@ -55,6 +58,24 @@ def test_answer_2_flop_ratio(model):
         without = 2 * weights * n + per_key * n * (n + 1) // 2     # all n tokens, causal attention
         cached = 2 * weights + per_key * n                        # one token against n - 1 cached + itself
         assert ratio == pytest.approx(without / cached, abs=0.06)
+
+
+def test_answer_3_truncate_and_decode_again(model):
+    stated = [int(x) for x in numbers(answer(3))]
+    enc = labkit.encode(model, "The capital of France is")
+    cache = model.new_cache(max_len=64)
+    with torch.inference_mode():
+        first = model.forward(enc.ids, cache=cache)[-1]          # the prefill
+        runs = []
+        for _ in range(2):                                       # decode 3, truncate, decode 3 again
+            tokens, logits = [], first
+            for _ in range(3):
+                tokens.append(int(logits.argmax()))
+                logits = model.forward(torch.tensor([tokens[-1]]), cache=cache)[-1]
+            runs.append(tokens)
+            cache.truncate(len(enc))
+    assert runs[0] == runs[1] == stated
+    assert [model.tokenizer.decode([t]) for t in stated] == [" Paris", ".", "\n"]
 
 
 def test_answer_4_bf16_bytes_per_token(model):

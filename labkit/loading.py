@@ -130,6 +130,18 @@ def load_model(name: str | os.PathLike | None = None, *, device: str | None = No
     return _loaded[key]
 
 
+def release(model: Model) -> None:
+    """Forget a model that load_model returned, so that once the notebook drops
+    its own names for it (`del bf16`) its memory is freed: load_model keeps
+    every model it loaded, so that re-running a cell is instant.
+
+        bf16 = labkit.load_model(dtype="bf16")
+        ...                                    # compare it
+        labkit.loading.release(bf16); del bf16"""
+    for key in [k for k, m in _loaded.items() if m is model]:
+        del _loaded[key]
+
+
 def memory_line(model: Model, cache_len: int = 1024) -> str:
     """One line on what a loaded model takes: its weights (and whether they are
     memory-mapped, so shared by every kernel, or a private copy) and the KV

@@ -346,6 +346,10 @@ def map_safetensors(hf, file: str | os.PathLike) -> int:
 # Peaks over time
 # ----------------------------------------------------------------------------
 
+def _max(a: ProcessMemory, b: ProcessMemory) -> ProcessMemory:
+    return ProcessMemory(*(max(x, y) for x, y in zip(a.astuple(), b.astuple())))
+
+
 class Sampler:
     """Samples the memory of some process trees every `interval` seconds in a
     background thread and keeps the peaks, so a notebook's highest PSS (which
@@ -366,6 +370,7 @@ class Sampler:
         self.pids = list(pids or [])
         self.interval = interval
         self.peak = ProcessMemory(0, 0, 0, 0, 0)
+        self.window = ProcessMemory(0, 0, 0, 0, 0)   # peaks since the last new_window()
         self.samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -377,9 +382,16 @@ class Sampler:
             if m is not None:
                 total = m if total is None else total + m
         if total is not None:
-            self.peak = ProcessMemory(*(max(a, b) for a, b in zip(self.peak.astuple(), total.astuple())))
+            self.peak = _max(self.peak, total)
+            self.window = _max(self.window, total)
             self.samples += 1
         return total
+
+    def new_window(self) -> ProcessMemory:
+        """Start a new window (one notebook cell, say); return the last one's peaks."""
+        last, self.window = self.window, ProcessMemory(0, 0, 0, 0, 0)
+        self.sample()
+        return last
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

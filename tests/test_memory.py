@@ -188,3 +188,19 @@ def test_sampler_keeps_the_peak():
         del x
     assert s.samples >= 2 and s.peak.anon >= memory.process_memory().anon + 50 * 2**20 - 20 * 2**20
     assert s.peak.peak_rss >= s.peak.rss
+
+
+def test_release_lets_a_model_be_freed(monkeypatch, model):
+    import gc
+    import weakref
+
+    # A fresh bf16 load (another test may hold the session's bf16 model).
+    monkeypatch.setattr(labkit.loading, "_loaded",
+                        {k: m for k, m in labkit.loading._loaded.items() if k[2] != torch.bfloat16})
+    m16 = labkit.load_model(device="cpu", dtype="bf16", progress=False)
+    ref = weakref.ref(m16)
+    labkit.loading.release(m16)
+    del m16
+    gc.collect()
+    assert ref() is None
+    assert labkit.load_model(device="cpu", dtype="fp32") is model      # the others are kept

@@ -19,8 +19,8 @@ notebook's numbers; LABKIT_MEMORY_JSON=path also writes them to a file.
 
 Budgets, in MB, from the environment (docs/memory.md says why these):
 
-    LABKIT_MEMORY_BUDGET_PRIVATE_MB   default 700
-    LABKIT_MEMORY_BUDGET_RSS_MB       default 1900
+    LABKIT_MEMORY_BUDGET_PRIVATE_MB   default 600
+    LABKIT_MEMORY_BUDGET_RSS_MB       default 1300
     LABKIT_MEMORY_BUDGET=0            measure and report, never fail
 
 Linux only: elsewhere (no /proc) it measures nothing and checks nothing.
@@ -35,8 +35,8 @@ from pathlib import Path
 import pytest
 
 MB = 1e6
-DEFAULT_PRIVATE_MB = 700
-DEFAULT_RSS_MB = 1900
+DEFAULT_PRIVATE_MB = 600
+DEFAULT_RSS_MB = 1300
 
 _samplers: dict[str, object] = {}      # notebook path -> Sampler
 _results: dict[str, dict] = {}

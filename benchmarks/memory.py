@@ -50,8 +50,7 @@ from labkit import memory  # noqa: E402
 
 MB = 1e6
 BUDGET_MB = 900          # one notebook alone, RSS (the target; mybinder.org guarantees 1 GB)
-PRIVATE_BUDGET_MB = 600  # one notebook's peak private memory } benchmarks/nbval_memory.py checks
-RSS_BUDGET_MB = 1300     # one notebook's peak RSS              } both in CI (docs/memory.md)
+PRIVATE_BUDGET_MB = 600  # one notebook's peak private memory: benchmarks/nbval_memory.py checks it in CI
 PAIR_BUDGET_MB = 2000    # two kernels + JupyterLab (mybinder.org's limit: 2 GB)
 DEFAULT_PAIR = ("07_prefill_vs_decode", "08_optimisations")
 TABLE_START, TABLE_END = "<!-- memory table: start -->", "<!-- memory table: end -->"
@@ -201,12 +200,12 @@ def table(results: list[dict], pairs: list[dict]) -> str:
     lines = [f"Measured {time.strftime('%Y-%m-%d')} on {machine()}.", ""]
     if results:
         lines += [f"| notebook | peak RSS (alone) | peak private | private kept at the end | "
-                  f"CI budget: private <= {PRIVATE_BUDGET_MB} MB, RSS <= {RSS_BUDGET_MB} MB | "
+                  f"CI budget: private <= {PRIVATE_BUDGET_MB} MB | "
                   f"RSS <= {BUDGET_MB} MB | run time |",
                   "| --- | ---: | ---: | ---: | --- | --- | ---: |"]
     for r in results:
         name = r["notebook"] + (f" ({r['errors']} cells failed)" if r.get("errors") else "")
-        ci = r["peak_private"] <= PRIVATE_BUDGET_MB * MB and r["peak_rss"] <= RSS_BUDGET_MB * MB
+        ci = r["peak_private"] <= PRIVATE_BUDGET_MB * MB
         lines.append(f"| {name} | {r['peak_rss'] / MB:.0f} MB | {r['peak_private'] / MB:.0f} MB | "
                      f"{r.get('end_private', 0) / MB:.0f} MB | {_yes(ci)} | "
                      f"{_yes(r['peak_rss'] <= BUDGET_MB * MB)} | {r['seconds']:.0f} s |")
@@ -254,13 +253,15 @@ def main(argv=None) -> int:
     ap.add_argument("--write", action="store_true", help="write the table into docs/memory.md")
     ap.add_argument("--json", metavar="PATH", help="also write the numbers to this JSON file")
     ap.add_argument("--from-json", metavar="PATH", help="only make the table from a --json file of an earlier run")
+    ap.add_argument("--labkit", metavar="DIR", help="the kernels import labkit from DIR (another checkout, to "
+                                                    "compare before and after a change); default: this one")
     ap.add_argument("--private-cache", action="store_true",
                     help="copy the converted model to a fresh cache folder first (PSS unaffected by other users)")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("MPLBACKEND", "Agg")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [args.labkit or str(ROOT), os.environ.get("PYTHONPATH")]))
     if args.private_cache:
         import labkit
 
@@ -312,8 +313,7 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps({"notebooks": results, "pairs": pairs}, indent=1))
     if args.write:
         write_table(text)
-    over = [r["notebook"] for r in results
-            if r["peak_private"] > PRIVATE_BUDGET_MB * MB or r["peak_rss"] > RSS_BUDGET_MB * MB]
+    over = [r["notebook"] for r in results if r["peak_private"] > PRIVATE_BUDGET_MB * MB]
     over += [f"{p['first']}+{p['second']}" for p in pairs if p["peak_pss"] > PAIR_BUDGET_MB * MB]
     return 1 if over else 0
 

@@ -338,5 +338,7 @@ def _share_weights(hf, file: Path) -> None:
     page, and the file would stay as it is."""
     if not file.exists() or not all(p.device.type == "cpu" for p in hf.parameters()):
         return
+    if not os.path.exists("/proc/self/maps"):
+        return                      # not Linux: cannot tell what is mapped; keep what transformers did
     if memory.weight_memory(hf).private:
         memory.map_safetensors(hf, file)

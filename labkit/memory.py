@@ -134,6 +134,43 @@ def file_mapping_memory(path: str | os.PathLike, pid: int | str = "self") -> Pro
     return ProcessMemory(rss=rss, pss=pss, anon=anon, file=rss - anon, peak_rss=0)
 
 
+def _file_rss(pid: int) -> dict[str, int]:
+    """Resident bytes of each file one process maps (libraries, weights)."""
+    out: dict[str, int] = {}
+    path = None
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+                    parts = line.split(None, 5)
+                    path = parts[5].strip() if len(parts) == 6 and parts[5].startswith("/") else None
+                elif path and line.startswith("Rss:"):
+                    out[path] = out.get(path, 0) + int(line.split()[1]) * 1024
+                elif path and line.startswith("Anonymous:"):     # copied-on-write: counted as private
+                    out[path] -= int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def charge(pids: list[int]) -> int:
+    """What a container holding these process trees is charged, about: their
+    private memory plus each mapped file once (the largest resident part any
+    of them holds), whoever else on the machine maps the same files. PSS
+    would divide shared libraries among every process on the machine that
+    maps them, other users' included; this does not."""
+    anon, files = 0, {}
+    for pid in pids:
+        for p in process_tree(pid):
+            m = process_memory(p)
+            if m is None:
+                continue
+            anon += m.anon
+            for path, rss in _file_rss(p).items():
+                files[path] = max(files.get(path, 0), rss)
+    return anon + sum(files.values())
+
+
 def tree_memory(pid: int) -> ProcessMemory | None:
     """The sum of `process_memory` over pid and its descendants."""
     total = None
@@ -364,11 +401,13 @@ class Sampler:
     (sampled), peak.peak_rss the sum of their VmHWM (kept by Linux, exact).
     `pids` can be changed while it runs (a kernel started later)."""
 
-    def __init__(self, pids: list[int] | None = None, interval: float = 0.05):
+    def __init__(self, pids: list[int] | None = None, interval: float = 0.05, charge_every: int = 0):
         import threading
 
         self.pids = list(pids or [])
         self.interval = interval
+        self.charge_every = charge_every   # also `charge` every n-th sample (slower: reads smaps); 0: never
+        self.peak_charge = 0
         self.peak = ProcessMemory(0, 0, 0, 0, 0)
         self.window = ProcessMemory(0, 0, 0, 0, 0)   # peaks since the last new_window()
         self.samples = 0
@@ -385,6 +424,8 @@ class Sampler:
             self.peak = _max(self.peak, total)
             self.window = _max(self.window, total)
             self.samples += 1
+            if self.charge_every and self.samples % self.charge_every == 0:
+                self.peak_charge = max(self.peak_charge, charge(self.pids))
         return total
 
     def new_window(self) -> ProcessMemory:

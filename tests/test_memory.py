@@ -23,6 +23,7 @@ def _weights_file():
 def test_process_memory_reads_proc():
     m = memory.process_memory()
     assert 0 < m.anon <= m.rss and 0 < m.pss <= m.rss <= m.peak_rss
+    assert abs(memory.charge([os.getpid()]) - m.rss) < 0.02 * m.rss     # alone: private + its files = RSS
     assert memory.process_memory(2**22 + 12345) is None or True    # a missing pid: None, not an error
     tree = memory.tree_memory(os.getpid())
     assert tree.rss >= m.rss * 0.9
@@ -109,6 +110,8 @@ def test_two_processes_share_one_copy(tmp_path):
         for p in procs:
             p.stdout.readline()
         maps = [memory.file_mapping_memory(tmp_path / "w.safetensors", p.pid) for p in procs]
+        rss = [memory.process_memory(p.pid).rss for p in procs]
+        together = memory.charge([p.pid for p in procs])          # the file once, libraries once
     finally:
         for p in procs:
             p.stdin.close()
@@ -117,6 +120,7 @@ def test_two_processes_share_one_copy(tmp_path):
     for m in maps:
         assert m.rss >= 0.99 * size and m.anon == 0
         assert 0.45 * size <= m.pss <= 0.55 * size
+    assert together <= sum(rss) - 0.95 * size
 
 
 def test_check_room_says_what_and_how_much(monkeypatch):

@@ -187,10 +187,13 @@ def test_load_model_reports_memory(model):
 @linux
 def test_sampler_keeps_the_peak():
     with memory.Sampler([os.getpid()], interval=0.01) as s:
+        import mmap
+
         base = memory.process_memory().anon
-        x = torch.ones(64 * 2**20 // 4)                    # 64 MiB, touched
+        x = mmap.mmap(-1, 64 * 2**20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)   # 64 MiB, fresh
+        x.write(b"\1" * len(x))                             # touched: resident
         s.sample()
-        del x
+        x.close()
     assert s.samples >= 2 and s.peak.anon >= base + 50 * 2**20
     assert s.peak.peak_rss >= s.peak.rss
 

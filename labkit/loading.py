@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from . import memory
 from .model import Model, SUPPORTED
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -118,12 +119,64 @@ def load_model(name: str | os.PathLike | None = None, *, device: str | None = No
     key = (str(name), str(device), dtype)
     if key not in _loaded:
         start = time.perf_counter()
+        _check_room_for(name, dtype, device)
         hf, tokenizer, label = _load_hf(name, dtype, progress)
         hf = hf.to(device).eval()
         model = Model(hf, tokenizer, name=label)
         model.load_seconds = time.perf_counter() - start
         _loaded[key] = model
+        if progress:
+            print(memory_line(model))
     return _loaded[key]
+
+
+def release(model: Model) -> None:
+    """Forget a model that load_model returned, so that once the notebook drops
+    its own names for it (`del bf16`) its memory is freed: load_model keeps
+    every model it loaded, so that re-running a cell is instant.
+
+        bf16 = labkit.load_model(dtype="bf16")
+        ...                                    # compare it
+        labkit.loading.release(bf16); del bf16"""
+    for key in [k for k, m in _loaded.items() if m is model]:
+        del _loaded[key]
+
+
+def memory_line(model: Model, cache_len: int = 1024) -> str:
+    """One line on what a loaded model takes: its weights (and whether they are
+    memory-mapped, so shared by every kernel, or a private copy) and the KV
+    cache it would allocate per token and for `cache_len` tokens."""
+    from .kv_cache import bytes_per_token
+
+    c = model.config
+    per_token = bytes_per_token(c.n_layers, c.n_kv_heads, c.head_dim, model.dtype.itemsize)
+    if model.device.type == "cpu":
+        weights = str(memory.weight_memory(model.hf))
+    else:
+        weights = f"weights {model.weight_nbytes / 1e6:.0f} MB on {model.device}"
+    dtype = str(model.dtype).removeprefix("torch.")
+    return (f"labkit: {model.name} ({dtype}, {model.device}): {weights}; KV cache "
+            f"{per_token / 1e3:.1f} kB per token ({cache_len} tokens: {per_token * cache_len / 1e6:.0f} MB)")
+
+
+def _check_room_for(name, dtype, device) -> None:
+    """Before loading: is there room for the conversion a first load makes? Only
+    the default model and .gguf files are sized here (their size is known)."""
+    try:
+        gguf = default_gguf_file() if name is None else Path(name)
+    except ModelNotAvailableError:
+        return                      # _load_hf says so, in its own words
+    if gguf.suffix != ".gguf" or not gguf.is_file():
+        return
+    folder = _converted_folder(gguf)
+    if not (folder / "model.safetensors").exists():
+        # Converting holds the de-quantised fp32 model (5.5 x the Q4_1 file) and the
+        # reader's buffers: measured, RSS 1.45 GB for the 98 MB default file, 1.1 GB over
+        # the ~0.3 GB of an idle Python with torch, i.e. about 11 x the file.
+        memory.check_room(11 * gguf.stat().st_size, f"converting {gguf.name} (once)")
+    # A CPU load maps the file of its dtype (_in_dtype checks room when it has to
+    # write one): page cache, shared and reclaimable. A GPU load copies the weights
+    # to the GPU; that memory is the GPU's, not checked here.
 
 
 def _load_hf(name, dtype, progress):
@@ -138,7 +191,7 @@ def _load_hf(name, dtype, progress):
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelNotAvailableError(f"GGUF file not found: {path}")
-        folder = _converted_gguf(path)
+        folder = _in_dtype(_converted_gguf(path), dtype)
         return (*_from_folder(folder, dtype), path.stem)
     local = path.is_dir()
     if not local and not _hub_reachable():
@@ -182,13 +235,18 @@ def _hub_reachable(timeout: float = 2.0) -> bool:
 
 
 def _load_default(dtype):
-    return _from_folder(_converted_gguf(default_gguf_file()), dtype)
+    return _from_folder(_in_dtype(_converted_gguf(default_gguf_file()), dtype), dtype)
+
+
+def _converted_folder(gguf: Path) -> Path:
+    """Where the converted model of a GGUF file is kept (named by its size, so
+    another version of the file converts again)."""
+    return cache_dir() / "models" / f"{gguf.stem}-{gguf.stat().st_size}"
 
 
 def _converted_gguf(gguf: Path) -> Path:
     """Convert a GGUF file once to a transformers folder in the cache; return it."""
-    stat = gguf.stat()
-    folder = cache_dir() / "models" / f"{gguf.stem}-{stat.st_size}"
+    folder = _converted_folder(gguf)
     if (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists():
         return folder
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -214,9 +272,73 @@ def _converted_gguf(gguf: Path) -> Path:
     return folder
 
 
+def _dtype_folder(folder: Path, dtype: torch.dtype) -> Path:
+    """Where the converted model is kept in a 16-bit dtype: beside the fp32 folder."""
+    if dtype == torch.float32:
+        return folder
+    return folder.with_name(f"{folder.name}.{str(dtype).removeprefix('torch.')}")
+
+
+def _in_dtype(folder: Path, dtype: torch.dtype) -> Path:
+    """The converted model's folder in `dtype`: the fp32 folder itself, or a copy
+    of it in bf16 / fp16, written once beside it.
+
+    Why a file per dtype: a load in the file's own dtype keeps the weights
+    memory-mapped (shared by every kernel, labkit.memory), while a load that
+    converts makes a private copy in each process. The 16-bit file holds the
+    same rounding of the fp32 weights as a conversion on load (round to
+    nearest even), so the weights and logits are the same either way."""
+    from transformers import AutoModelForCausalLM
+
+    out = _dtype_folder(folder, dtype)
+    if out == folder or ((out / "model.safetensors").exists() and (out / "tokenizer.json").exists()):
+        return out
+    name = str(dtype).removeprefix("torch.")
+    size = (folder / "model.safetensors").stat().st_size * dtype.itemsize // 4
+    memory.check_room(size, f"converting the model to {name} (once, {size / 1e6:.0f} MB)")
+    print(f"labkit: saving the model in {name} to {out} (once; later loads map it, shared between kernels)")
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+    # A temporary folder per process, renamed at the end: an interrupted or
+    # concurrent conversion never leaves a half-written model that a load would trust.
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    hf.save_pretrained(tmp)
+    for f in folder.iterdir():
+        if f.is_file() and f.name not in ("model.safetensors", "config.json"):
+            shutil.copy2(f, tmp / f.name)
+    del hf
+    try:
+        tmp.rename(out)
+    except OSError:                 # another process finished first: use its folder
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 def _from_folder(folder: Path, dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+    _share_weights(hf, folder / "model.safetensors")
     return hf, tokenizer
+
+
+def _share_weights(hf, file: Path) -> None:
+    """Keep the weights memory-mapped from the converted file, so every kernel
+    on the machine reads one copy in the page cache (labkit.memory).
+
+    transformers >= 5 already leaves tensors whose dtype matches the file as
+    views of a copy-on-write memory map of it; older versions read a private
+    copy, which this replaces with such a view (map_safetensors checks that
+    each tensor equals the file's before it does). A load that converts the
+    dtype (a hub model in bf16, say) stays a private copy; the default model
+    and GGUF files have a file per dtype (_in_dtype), so they never convert.
+    labkit never writes weights in place (quantize builds new tensors); if
+    anything did, copy-on-write would give that process its own copy of the
+    page, and the file would stay as it is."""
+    if not file.exists() or not all(p.device.type == "cpu" for p in hf.parameters()):
+        return
+    if not os.path.exists("/proc/self/maps"):
+        return                      # not Linux: cannot tell what is mapped; keep what transformers did
+    if memory.weight_memory(hf).private:
+        memory.map_safetensors(hf, file)

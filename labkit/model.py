@@ -38,7 +38,8 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from .attention import attend, attention_by_hand, check_implementation
-from .kv_cache import KVCache
+from .kv_cache import KVCache, bytes_per_token
+from .memory import check_room
 from .trace import Trace
 
 LLAMA_STYLE = ("llama", "mistral", "qwen2")
@@ -251,6 +252,10 @@ class Model:
             raise ValueError(f"kv_dtype must be None (the model's dtype) or 'int8', got {kv_dtype!r}")
         if not 1 <= max_len <= config.max_len:
             raise ValueError(f"max_len must be in [1, {config.max_len}] (the model's context), got {max_len}")
+        nbytes = bytes_per_token(config.n_layers, config.n_kv_heads, config.head_dim, self.dtype.itemsize,
+                                 batch_size) * max_len
+        if self.device.type == "cpu" and nbytes > 32 * 2**20:      # small caches: not worth reading /proc
+            check_room(nbytes, f"a KV cache of {max_len} tokens x {batch_size} sequences")
         if kv_dtype == "int8":
             from .kv_quant import new_int8_cache     # here, not at the top: kv_quant builds on kv_cache
 

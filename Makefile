@@ -3,7 +3,7 @@
 #   make lab    install everything into .venv and open JupyterLab on notebook 00
 #   make test   install everything and run the whole test suite (what CI runs)
 #
-# Other targets: make install | system-deps | sync | dashboard | test-broken | mutation | clean | distclean | help
+# Other targets: make install | system-deps | sync | dashboard | test-broken | mutation | memory | clean | distclean | help
 #
 # Overridable:  make test TORCH='torch==2.13.0'   (the torch requirement pip installs first)
 #               make test TORCH=torch TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu'
@@ -29,20 +29,32 @@ STAMP := $(VENV)/.installed
 # Notebooks executed by nbval. Computed when make runs; empty is fine
 # (then only tests/ runs: pytest is never handed a missing path).
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
-NBVAL_ARGS := $(if $(NOTEBOOKS),--nbval-lax --nbval-current-env --nbval-cell-timeout=$(NBVAL_CELL_TIMEOUT))
+# benchmarks/nbval_memory.py watches each notebook's kernel during this one run
+# and prints its peak memory (docs/memory.md); LABKIT_MEMORY_BUDGET below says
+# whether a notebook over the budget fails.
+NBVAL_ARGS := $(if $(NOTEBOOKS),--nbval-lax --nbval-current-env --nbval-cell-timeout=$(NBVAL_CELL_TIMEOUT) -p benchmarks.nbval_memory)
+# The check guards against regressions at 700 MB of peak private memory per
+# kernel (the largest today is about 640 MB). Issue 19's target, 600 MB private
+# and two kernels in 2 GB, is not met yet: docs/memory.md says by how much.
+LABKIT_MEMORY_BUDGET ?= 1
+LABKIT_MEMORY_BUDGET_PRIVATE_MB ?= 700
 FIRST_NOTEBOOK := $(if $(wildcard notebooks/00_overview.ipynb),notebooks/00_overview.ipynb,notebooks)
 
 # Tests must never download anything; plots must not need a display.
 # OMP_WAIT_POLICY=PASSIVE: torch's OpenMP threads sleep instead of spinning at
 # each sync point, so a notebook kernel, JupyterLab and Chromium sharing two
 # cores do not starve each other (measured: 5-6 min -> 1.2-1.4 min a notebook).
+# MALLOC_*: as binder/start, glibc hands freed memory back to the system
+# (40-50 MB less private memory a kernel, docs/memory.md).
 TEST_ENV := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
-            MPLBACKEND=Agg JUPYTER_PLATFORM_DIRS=1 OMP_WAIT_POLICY=PASSIVE
+            MPLBACKEND=Agg JUPYTER_PLATFORM_DIRS=1 OMP_WAIT_POLICY=PASSIVE \
+            LABKIT_MEMORY_BUDGET=$(LABKIT_MEMORY_BUDGET) LABKIT_MEMORY_BUDGET_PRIVATE_MB=$(LABKIT_MEMORY_BUDGET_PRIVATE_MB) \
+            MALLOC_MMAP_THRESHOLD_=131072 MALLOC_TRIM_THRESHOLD_=131072
 
 # Jupyter refuses to run as root unless told to.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: help lab test test-browser test-broken mutation install system-deps sync dashboard clean distclean FORCE
+.PHONY: help lab test test-browser test-broken mutation memory install system-deps sync dashboard clean distclean FORCE
 
 help:
 	@echo "make lab    - install into $(VENV) and open JupyterLab on $(FIRST_NOTEBOOK)"
@@ -105,6 +117,11 @@ test-broken: $(STAMP)
 mutation: $(STAMP)
 	$(PIP) install -q 'mutmut>=3.8'
 	$(TEST_ENV) $(PY) scripts/mutation.py
+
+# Every notebook's peak memory, alone and two side by side with a JupyterLab
+# server (about 15 min on 2 cores); writes the table in docs/memory.md.
+memory: $(STAMP)
+	$(TEST_ENV) $(PY) benchmarks/memory.py --write
 
 # --- helpers ----------------------------------------------------------------
 

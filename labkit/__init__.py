@@ -36,7 +36,9 @@ The modules, in reading order:
     measurement        costs.py (FLOPs and bytes, counted), timing.py (the clock,
                        device sync, bandwidth and FLOP/s probes), measure.py (the
                        sweeps of notebooks 06-07), precision.py (fp32 / bf16 /
-                       int8 side by side), bench.py (python -m labkit.bench)
+                       int8 side by side), bench.py (python -m labkit.bench),
+                       memory.py (what a process holds; room before a big allocation),
+                       gpu_check.py (the check for a lent GPU)
     serving            batching.py (static vs continuous batching, simulated)
     the views          charts.py (every plotly figure), jupyter.py (figure box,
                        View base), controls.py (sliders), views.py (the live

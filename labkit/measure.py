@@ -51,7 +51,7 @@ import torch
 from . import costs
 from .encoding import encode
 from .generation import Generation, generate
-from .timing import device_label, median, time_fn
+from .timing import device_label, median, release_freed_memory, time_fn
 
 
 # ----------------------------------------------------------------------------
@@ -132,10 +132,12 @@ def cache_speedup(model, ids, lengths: Sequence[int], repeats: int = 3,
     with_s, without_s, same = [], [], []
     for n in lengths:
         cache = model.new_cache(max_len=n)
-        model.forward(ids[:n - 1], cache=cache)                  # the n - 1 earlier tokens, untimed
+        model.forward(ids[:n - 1], cache=cache, last_only=True)  # the n - 1 earlier tokens, untimed
         t_with, logits_with = time_fn(lambda: model.forward(ids[n - 1:n], cache=cache), model.device,
                                       repeats, warmup, setup=lambda: cache.truncate(n - 1))
-        t_without, logits_without = time_fn(lambda: model.forward(ids[:n]), model.device, repeats, warmup)
+        # last_only: what generation without a cache computes (full logits would be n x vocab, 50-100 MB).
+        t_without, logits_without = time_fn(lambda: model.forward(ids[:n], last_only=True), model.device,
+                                            repeats, warmup)
         with_s.append(t_with.median)
         without_s.append(t_without.median)
         same.append(int(logits_with[-1].argmax()) == int(logits_without[-1].argmax()))
@@ -191,6 +193,7 @@ def time_generation(model, prompt, max_new_tokens: int, use_cache: bool = True, 
         gens.append(generate(model, prompt, max_new_tokens, use_cache=use_cache, **generate_args))
 
     total, _ = time_fn(run, model.device, max(1, repeats), warmup)
+    release_freed_memory()                              # the runs' temporaries (docs/memory.md)
     timed = gens[-len(total.samples):]
     return GenerationTiming(use_cache, total.median, median(g.ttft_s for g in timed),
                             median(g.tpot_s for g in timed), gens[-1], device_label(model),
@@ -238,12 +241,14 @@ def prefill_sweep(model, ids, lengths: Sequence[int], repeats: int = 3, warmup: 
     seconds, fastest, nbytes, flops = [], [], [], []
     for n in lengths:
         cache = model.new_cache(max_len=n)
-        t, _ = time_fn(lambda: model.forward(ids[:n], cache=cache), model.device, repeats, warmup,
+        t, _ = time_fn(lambda: model.forward(ids[:n], cache=cache, last_only=True), model.device, repeats, warmup,
                        setup=cache.reset)
         seconds.append(t.median)
         fastest.append(t.min)
         nbytes.append(cache.nbytes)
         flops.append(costs.prefill_workload(model, n).flops)
+        del cache
+        release_freed_memory()        # each length's activations, before the next (docs/memory.md)
     return PrefillSweep(list(lengths), seconds, nbytes, flops, device_label(model), repeats, fastest)
 
 
@@ -313,11 +318,12 @@ def batch_sweep(model, batch_sizes: Sequence[int], prompt_len: int = 64, context
     for b in batch_sizes:
         ids = torch.randint(0, c.vocab_size, (b, prompt_len), generator=g).to(model.device)
         cache = model.new_cache(max_len=prompt_len, batch_size=b)
-        t, _ = time_fn(lambda: model.forward(ids, cache=cache), model.device, repeats, warmup,
+        t, _ = time_fn(lambda: model.forward(ids, cache=cache, last_only=True), model.device, repeats, warmup,
                        setup=cache.reset)
         prefill_s.append(t.median)
         prefill_min.append(t.min)
-        del cache
+        del cache, ids
+        release_freed_memory()        # the prefill's activations, before the decode cache (docs/memory.md)
 
         cache = model.new_cache(max_len=context + 1, batch_size=b)
         cache.k.zero_()
@@ -328,7 +334,8 @@ def batch_sweep(model, batch_sizes: Sequence[int], prompt_len: int = 64, context
                        setup=lambda: cache.truncate(context))
         decode_s.append(t.median)
         decode_min.append(t.min)
-        del cache
+        del cache, last
+        release_freed_memory()
         work = costs.decode_workload(model, context, batch_size=b)
         total_bytes.append(work.bytes)
         kv_bytes.append(costs.kv_bytes_per_token(c, value_bytes, batch_size=b) * (context + 1))

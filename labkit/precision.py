@@ -36,7 +36,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import copy
-import gc
 
 import torch
 from torch import nn
@@ -44,8 +43,8 @@ from torch import nn
 from .generation import generate
 from .quantize import Quality, common_prefix, kl_divergence
 from .model import Model
-from .quantize import SCHEMES, quantize
-from .timing import device_label, median, sync
+from .quantize import SCHEMES, mapped_in_dtype, quantize
+from .timing import device_label, median, release_freed_memory, sync
 
 FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 NAMES = (*FLOAT_DTYPES, *SCHEMES)     # what lower() builds
@@ -79,14 +78,19 @@ def cast(model: Model, dtype: str | torch.dtype) -> Model:
     """A copy of model with every parameter in dtype ("fp32", "bf16", "fp16"),
     converted one tensor at a time (memory never holds two full-precision
     copies); tied weights stay tied. Rounds as load_model(dtype=...) does
-    (round to nearest even). The model passed in is not touched."""
+    (round to nearest even). The model passed in is not touched.
+    The bundled default (or a GGUF file) loaded in fp32 on the CPU gets the
+    copy memory-mapped from labkit's file of that dtype instead: the same
+    values, shared, no private copy (quantize.mapped_in_dtype)."""
     dtype = FLOAT_DTYPES.get(dtype, dtype)
     if dtype not in FLOAT_DTYPES.values():
         raise ValueError(f"dtype must be one of {sorted(FLOAT_DTYPES)}, got {dtype!r}")
-    # deepcopy takes each parameter from the memo: its converted copy.
-    memo = {id(p): nn.Parameter(p.detach().to(dtype), requires_grad=False) for p in model.hf.parameters()}
-    hf = copy.deepcopy(model.hf, memo)
     name = [k for k, v in FLOAT_DTYPES.items() if v == dtype][0]
+    hf = mapped_in_dtype(model, dtype)
+    if hf is None:
+        # deepcopy takes each parameter from the memo: its converted copy.
+        memo = {id(p): nn.Parameter(p.detach().to(dtype), requires_grad=False) for p in model.hf.parameters()}
+        hf = copy.deepcopy(model.hf, memo)
     return Model(hf, model.tokenizer, name=f"{model.name} ({name})")
 
 
@@ -139,6 +143,7 @@ def measure_precisions(reference, models: dict | list[str], prompts: list[str], 
         raise ValueError("give at least one prompt")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    release_freed_memory()    # what earlier cells freed, back to the OS before the copies are built
     results: list[PrecisionResult] = []
     ref_ids: list[list[int]] = []
     ref_logits: list[torch.Tensor] = []
@@ -178,5 +183,5 @@ def measure_precisions(reference, models: dict | list[str], prompts: list[str], 
                                        gens[0].text, gens[0].token_ids, quality, device_label(model)))
         if built and not is_ref:      # release it before the next one is built
             del model, gens, logits
-            gc.collect()
+            release_freed_memory()    # gc, and glibc's heap back to the OS (docs/memory.md)
     return results

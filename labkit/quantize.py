@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .model import Model
+from .timing import release_freed_memory
 
 SCHEMES = ("int8", "int4")
 
@@ -105,7 +106,9 @@ class Int8Linear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
         super().__init__()
         w = weight.detach().float().contiguous()                      # (out, in); the kernel needs rows
-        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127            # (out,)
+        # max |w| of each row, a chunk of rows at a time (w.abs() of the LM head would be 113 MB)
+        scale = torch.cat([w[r:r + CHUNK_ROWS].abs().amax(dim=1) for r in range(0, len(w), CHUNK_ROWS)])
+        scale = scale.clamp(min=1e-12) / 127                          # (out,)
         q = torch.empty(w.shape, dtype=torch.int8, device=w.device)
         for r in range(0, len(w), CHUNK_ROWS):     # a chunk of rows at a time: small float temporaries
             q[r:r + CHUNK_ROWS] = (w[r:r + CHUNK_ROWS] / scale[r:r + CHUNK_ROWS, None]).round_().clamp_(-127, 127)
@@ -130,6 +133,14 @@ class Int8Linear(nn.Module):
 
 
 _LAYOUT_OK: dict[tuple[int, int], bool] = {}   # (rows, in) -> does _unpack_cpu read the kernel's layout
+
+
+def _unpack_cpu_layout(qweight: torch.Tensor, n_in: int) -> torch.Tensor:
+    """q (rows, in) uint8 from the CPU kernel's layout: each block of 64 rows is
+    stored as (in, 32) bytes, row r in the low 4 bits and row r + 32 in the high 4."""
+    packed = qweight.view(-1, n_in, 32)
+    q = torch.cat([packed & 15, packed >> 4], dim=-1)                 # (blocks, in, 64)
+    return q.transpose(1, 2).reshape(-1, n_in)
 
 
 class Int4Linear(nn.Module):
@@ -161,7 +172,7 @@ class Int4Linear(nn.Module):
         groups = w.view(self.n_rows, n_in // group_size, group_size)
         lo, hi = groups.amin(-1), groups.amax(-1)                     # (out, n_groups)
         scale = ((hi - lo) / 15).clamp(min=1e-12)
-        q = torch.empty(self.n_rows, n_in, dtype=torch.int32, device=w.device)
+        q = torch.empty(self.n_rows, n_in, dtype=torch.uint8, device=w.device)   # 0..15
         for r in range(0, self.n_rows, CHUNK_ROWS):   # a chunk of rows at a time: small float temporaries
             rows = slice(r, r + CHUNK_ROWS)
             q[rows] = ((groups[rows] - lo[rows, :, None]) / scale[rows, :, None]).round_().clamp_(0, 15).view(-1, n_in)
@@ -171,23 +182,31 @@ class Int4Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
         self.on_cpu = w.device.type == "cpu"
         if self.on_cpu:
-            self.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
+            # The kernel packs each block of 64 rows on its own, so a chunk of rows at a
+            # time gives the same bytes, with an int32 copy of one chunk, not of the matrix.
             # A long prefill expands the packed weights (INT4_KERNEL_MAX_ROWS); that relies on
-            # the kernel's layout, so check it (once per shape) and keep to the kernel if it differs.
+            # the kernel's layout, so check it (once per shape, chunk by chunk) and keep to the
+            # kernel if it differs.
             key = (self.n_rows, n_in)
-            if key not in _LAYOUT_OK:
-                _LAYOUT_OK[key] = torch.equal(self._unpack_cpu(), q.to(torch.uint8))
+            check = key not in _LAYOUT_OK
+            layout_ok, chunks = True, []
+            for r in range(0, self.n_rows, CHUNK_ROWS):
+                packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q[r:r + CHUNK_ROWS].to(torch.int32), 1)
+                if check:
+                    layout_ok = layout_ok and torch.equal(_unpack_cpu_layout(packed, n_in), q[r:r + CHUNK_ROWS])
+                chunks.append(packed)
+            self.register_buffer("qweight", torch.cat(chunks))
+            del chunks, packed
+            if check:
+                _LAYOUT_OK[key] = layout_ok
             self.unpackable = _LAYOUT_OK[key]
         else:
             self.register_buffer("qweight", (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8))
             self.unpackable = True
 
     def _unpack_cpu(self) -> torch.Tensor:
-        """q (out, in) uint8 from the CPU kernel's layout: each block of 64 rows is
-        stored as (in, 32) bytes, row r in the low 4 bits and row r + 32 in the high 4."""
-        packed = self.qweight.view(self.n_rows // 64, self.in_features, 32)
-        q = torch.cat([packed & 15, packed >> 4], dim=-1)             # (blocks, in, 64)
-        return q.transpose(1, 2).reshape(self.n_rows, self.in_features)
+        """q (out, in) uint8 from the CPU kernel's layout (_unpack_cpu_layout)."""
+        return _unpack_cpu_layout(self.qweight, self.in_features)
 
     def _unpack(self) -> torch.Tensor:
         if self.on_cpu:
@@ -252,10 +271,46 @@ def distinct_values_per_block(weight: torch.Tensor, block_size: int = 32) -> tor
     if weight.dim() != 2 or weight.shape[1] % block_size:
         raise ValueError(f"weight must be 2-D with a row length divisible by block_size ({block_size}), "
                          f"got shape {tuple(weight.shape)}")
-    blocks = weight.detach().reshape(-1, block_size).sort(dim=-1).values      # (blocks, block_size)
-    # In a sorted block every new value starts where it differs from its left neighbour.
-    distinct = 1 + (blocks[:, 1:] != blocks[:, :-1]).sum(-1)
-    return distinct.view(weight.shape[0], -1)
+    blocks = weight.detach().reshape(-1, block_size)                           # (blocks, block_size)
+    counts = []
+    for chunk in blocks.split(CHUNK_ROWS * 16):    # a few MB of sorted values and indices at a time
+        chunk = chunk.sort(dim=-1).values
+        # In a sorted block every new value starts where it differs from its left neighbour.
+        counts.append(1 + (chunk[:, 1:] != chunk[:, :-1]).sum(-1))
+    counts = torch.cat(counts).view(weight.shape[0], -1)
+    release_freed_memory(collect=False)   # the sorted copies, back to the OS (docs/memory.md)
+    return counts
+
+
+def mapped_in_dtype(model: Model, dtype: torch.dtype):
+    """The same weights in `dtype`, memory-mapped from labkit's file of that dtype
+    (labkit.loading writes it once beside the converted fp32 file: the same
+    round-to-nearest-even values as a conversion, docs/memory.md), when `model`
+    is the bundled default or a GGUF file that load_model loaded in fp32 on the
+    CPU; else None (the caller converts: a private copy). Mapped, the copy costs
+    the kernel no private memory (269 MB for the default model in bf16).
+    Used by precision.cast, and by quantize for the embedding table it keeps."""
+    from . import loading, memory
+
+    key = next((k for k, m in loading._loaded.items() if m is model), None)
+    if (key is None or key[2] != torch.float32 or model.device.type != "cpu" or dtype == torch.float32
+            or not (key[0] == "None" or key[0].endswith(".gguf"))):
+        return None
+    from pathlib import Path
+
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        gguf = loading.default_gguf_file() if key[0] == "None" else Path(key[0])
+        hf, _ = loading._from_folder(loading._in_dtype(loading._converted_gguf(gguf), dtype), dtype)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+    if memory.weight_memory(hf).private:      # not mapped after all: no better than converting
+        return None
+    return hf.eval()
 
 
 def _projections(hf) -> dict[str, nn.Module]:
@@ -285,6 +340,7 @@ def quantize(model: Model, scheme: str = "int8", *, group_size: int = 32,
         raise ValueError(f"head must be one of {SCHEMES}, got {head!r}")
     if dtype is None:
         dtype = torch.bfloat16 if model.device.type == "cpu" else model.dtype
+    release_freed_memory()    # what was freed before, back to the OS before the copy is built
     layers = _projections(model.hf)
     lm_head = model.hf.get_output_embeddings()
     # Copy the model, except the weight matrices about to be replaced (deepcopy
@@ -293,7 +349,11 @@ def quantize(model: Model, scheme: str = "int8", *, group_size: int = 32,
     table = model.hf.get_input_embeddings().weight
     memo = {id(m.weight): None for m in layers.values() if m.weight is not table}
     # The table goes straight to dtype (not copied in full precision first).
-    memo[id(table)] = nn.Parameter(table.detach().to(dtype), requires_grad=table.requires_grad)
+    # Mapped from labkit's file of that dtype when there is one (the same values, no private copy).
+    mapped = mapped_in_dtype(model, dtype)
+    table_in_dtype = mapped.get_input_embeddings().weight.detach() if mapped is not None else table.detach().to(dtype)
+    del mapped
+    memo[id(table)] = nn.Parameter(table_in_dtype, requires_grad=table.requires_grad)
     hf = copy.deepcopy(model.hf, memo).to(dtype)
     # Tied embeddings: the LM head gets its own quantized copy below, and the
     # embedding table keeps the floating-point one for lookups. Untie them in
@@ -309,6 +369,11 @@ def quantize(model: Model, scheme: str = "int8", *, group_size: int = 32,
             new = Int4Linear(weight, layer.bias, dtype, group_size)
         parent, _, attr = name.rpartition(".")
         setattr(hf.get_submodule(parent), attr, new)
+        if weight.numel() * weight.element_size() > 2**20:
+            # Give the layer's float temporaries back now: glibc would keep them in
+            # its heap, and a model's worth of them adds up (measured: +390 MB for int8).
+            del weight, new
+            release_freed_memory(collect=False)
     label = scheme if head == scheme else f"{scheme}, head {head}"
     return QuantizedModel(hf, model.tokenizer, name=f"{model.name} ({label})",
                           tied_head=lm_head is not None and lm_head.weight is table)

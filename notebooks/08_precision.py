@@ -295,7 +295,7 @@ print(f"fp16: {fp16.weight_nbytes / 1e6:.1f} MB of weights, KL over the {len(ids
 assert fp16.weight_nbytes == bf16_r.weight_nbytes
 assert kl_fp16.mean() < bf16_r.kl_mean / 10      # measured 2e-5 against 1.2e-3
 del fp16
-gc.collect()
+timing.release_freed_memory()                    # gc.collect(), and the freed memory back to the OS
 
 # %% [markdown]
 # ## 4. An int8 KV cache (KV 缓存量化)

@@ -1391,9 +1391,10 @@ def load_chart(load: dict[float, dict[str, BatchingResult]], ttft_slo_s: float |
     sub = "same requests, same step costs"
     if ttft_slo_s is not None and tpot_slo_s is not None:
         sub += f"; targets TTFT <= {ttft_slo_s:g} s, TPOT <= {tpot_slo_s * 1e3:g} ms"
-    fig.update_layout(title=title_text(title, sub), width=1100, height=440,
-                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=1, xanchor="right"),
-                      margin=dict(t=int(_font_size() * 8.5)))
+    # The legend under the axes: above them it would sit on the panel titles.
+    fig.update_layout(title=title_text(title, sub), width=1100, height=480,
+                      legend=dict(orientation="h", yanchor="top", y=-0.22, x=0.5, xanchor="center"),
+                      margin=dict(t=int(_font_size() * 7), b=int(_font_size() * 8)))
     return fig
 
 

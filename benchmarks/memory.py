@@ -3,7 +3,7 @@
     python benchmarks/memory.py                        # every notebook, then the pair; prints the table
     python benchmarks/memory.py --write                # ... and writes it into docs/memory.md
     python benchmarks/memory.py notebooks/08_*.ipynb   # some notebooks only (no pair)
-    python benchmarks/memory.py --pair 07_prefill_vs_decode,08_optimisations
+    python benchmarks/memory.py --pair 07_prefill_vs_decode,08_precision
     python benchmarks/memory.py --share                # two processes loading the model: is it shared?
 
 Each notebook runs top to bottom in a fresh kernel (nbclient, as nbval and
@@ -52,7 +52,7 @@ MB = 1e6
 BUDGET_MB = 900          # one notebook alone, RSS (the target; mybinder.org guarantees 1 GB)
 PRIVATE_BUDGET_MB = 600  # one notebook's peak private memory: benchmarks/nbval_memory.py checks it in CI
 PAIR_BUDGET_MB = 2000    # two kernels + JupyterLab (mybinder.org's limit: 2 GB)
-DEFAULT_PAIR = ("07_prefill_vs_decode", "08_optimisations")
+DEFAULT_PAIR = ("07_prefill_vs_decode", "08_precision")
 TABLE_START, TABLE_END = "<!-- memory table: start -->", "<!-- memory table: end -->"
 
 

@@ -6,25 +6,16 @@ model, labkit or the notebook changes.
 """
 
 import re
-from pathlib import Path
 
 import pytest
 
 import labkit
 from labkit import costs
 
-KEY = Path(__file__).resolve().parents[1] / "docs" / "answers" / "00_overview.md"
+from answer_key import AnswerKey, numbers
 
-
-def answer(n: int) -> str:
-    """The text after `**Answer n:**` in the key."""
-    found = re.search(rf"^\*\*Answer {n}:\*\*(.*)$", KEY.read_text(encoding="utf-8"), re.M)
-    assert found, f"no '**Answer {n}:**' line in {KEY}"
-    return found.group(1).strip()
-
-
-def numbers(text: str) -> list[float]:
-    return [float(x.replace(",", "")) for x in re.findall(r"\d[\d,]*\.?\d*", text)]
+KEY = AnswerKey("00_overview")
+answer = KEY.answer
 
 
 def next_token_probs(model, prompt):

@@ -2,7 +2,6 @@
 
 import math
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,18 +10,10 @@ from transformers import GPT2Config
 
 import labkit
 
-KEY = Path(__file__).resolve().parents[1] / "docs" / "answers" / "02_embeddings_positions.md"
+from answer_key import AnswerKey, numbers
 
-
-def answer(n: int) -> str:
-    """The text after `**Answer n:**` in the key."""
-    found = re.search(rf"^\*\*Answer {n}:\*\*(.*)$", KEY.read_text(encoding="utf-8"), re.M)
-    assert found, f"no '**Answer {n}:**' line in {KEY}"
-    return found.group(1).strip()
-
-
-def numbers(text: str) -> list[float]:
-    return [float(x.replace(",", "")) for x in re.findall(r"\d[\d,]*\.?\d*", text)]
+KEY = AnswerKey("02_embeddings_positions")
+answer = KEY.answer
 
 
 def analogy(model, a: str, b: str, c: str) -> str:

@@ -1,8 +1,6 @@
 """The numbers in docs/answers/03_attention.md, recomputed."""
 
 import math
-import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -10,18 +8,10 @@ import torch
 import labkit
 from labkit import charts
 
-KEY = Path(__file__).resolve().parents[1] / "docs" / "answers" / "03_attention.md"
+from answer_key import AnswerKey, numbers
 
-
-def answer(n: int) -> str:
-    """The text after `**Answer n:**` in the key."""
-    found = re.search(rf"^\*\*Answer {n}:\*\*(.*)$", KEY.read_text(encoding="utf-8"), re.M)
-    assert found, f"no '**Answer {n}:**' line in {KEY}"
-    return found.group(1).strip()
-
-
-def numbers(text: str) -> list[float]:
-    return [float(x.replace(",", "")) for x in re.findall(r"\d[\d,]*\.?\d*", text)]
+KEY = AnswerKey("03_attention")
+answer = KEY.answer
 
 
 @pytest.fixture(scope="module")

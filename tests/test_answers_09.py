@@ -6,23 +6,13 @@ per pass), the model's config, and the operations and forward passes counted on
 the model, so that the key cannot silently go wrong.
 """
 
-import re
-from pathlib import Path
 
 import pytest
 
-KEY = Path(__file__).resolve().parents[1] / "docs" / "answers" / "09_faster_decoding.md"
+from answer_key import AnswerKey, numbers
 
-
-def answer(n: int) -> str:
-    """The text after `**Answer n:**` in the key."""
-    found = re.search(rf"^\*\*Answer {n}:\*\*(.*)$", KEY.read_text(encoding="utf-8"), re.M)
-    assert found, f"no '**Answer {n}:**' line in {KEY}"
-    return found.group(1).strip()
-
-
-def numbers(text: str) -> list[float]:
-    return [float(x.replace(",", "")) for x in re.findall(r"\d[\d,]*\.?\d*", text)]
+KEY = AnswerKey("09_faster_decoding")
+answer = KEY.answer
 
 
 def test_answer_1_tiles():
